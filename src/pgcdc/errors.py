@@ -1,0 +1,107 @@
+"""The exception hierarchy of pgcdc.
+
+Every error pgcdc raises on purpose derives from `PgcdcError`, so a caller (and the CLI) can tell
+a problem pgcdc diagnosed from a bug. Each class names one kind of failure; the message says what
+happened, where (message type, byte offset, file position) and at which LSN when that is known.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "ColumnCountMismatch",
+    "InvalidMessage",
+    "PgcdcError",
+    "ProtocolError",
+    "TruncatedMessage",
+    "UnexpectedMessage",
+    "UnknownMessageType",
+    "UnknownRelation",
+]
+
+EXCERPT_BYTES = 16
+
+
+def hex_excerpt(data: bytes | bytearray | memoryview, offset: int) -> str:
+    """A short hex view of `data` around `offset`, with the offending byte bracketed."""
+    data = bytes(data)
+    start = max(0, offset - EXCERPT_BYTES // 2)
+    end = min(len(data), start + EXCERPT_BYTES)
+    parts = []
+    for i in range(start, end):
+        byte = f"{data[i]:02x}"
+        parts.append(f"[{byte}]" if i == offset else byte)
+    if offset >= len(data):
+        parts.append("[end]")
+    prefix = "… " if start > 0 else ""
+    suffix = " …" if end < len(data) else ""
+    return prefix + " ".join(parts) + suffix
+
+
+class PgcdcError(Exception):
+    """Base class of every error pgcdc raises deliberately."""
+
+
+class ProtocolError(PgcdcError):
+    """Bytes that are not a valid message of the negotiated pgoutput session.
+
+    Carries the message type, the byte offset inside the message where decoding failed, the LSN
+    of the XLogData frame when known, and a hex excerpt of the bytes around the offset.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        data: bytes | bytearray | memoryview = b"",
+        offset: int = 0,
+        message_type: str | None = None,
+        lsn: object | None = None,
+    ) -> None:
+        self.reason = reason
+        self.offset = offset
+        self.message_type = message_type
+        self.lsn = lsn
+        self.excerpt = hex_excerpt(data, offset) if data else ""
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.message_type is not None:
+            where.append(f"{self.message_type} message")
+        where.append(f"byte {self.offset}")
+        if self.lsn:
+            where.append(f"LSN {self.lsn}")
+        text = f"{self.reason} ({', '.join(where)})"
+        if self.excerpt:
+            text += f": {self.excerpt}"
+        return text
+
+
+class TruncatedMessage(ProtocolError):
+    """The message ended before a field it must contain."""
+
+
+class InvalidMessage(ProtocolError):
+    """A field holds a value the format does not allow (flags, kinds, lengths, names)."""
+
+
+class UnknownMessageType(ProtocolError):
+    """The first byte names no message this session can send."""
+
+
+class UnexpectedMessage(ProtocolError):
+    """A valid message that cannot occur in this session state (e.g. Stream Stop outside a stream,
+    a streaming message when streaming was not negotiated)."""
+
+
+class UnknownRelation(ProtocolError):
+    """A change refers to a relation id no Relation message has described."""
+
+
+class ColumnCountMismatch(ProtocolError):
+    """A TupleData's column count differs from its Relation's."""
+
+
+class CaptureError(PgcdcError):
+    """A capture file that is not in pgcdc's capture format, or is corrupt or truncated."""

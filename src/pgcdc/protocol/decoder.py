@@ -85,10 +85,25 @@ _make_update = fast_constructor(Update)
 _make_delete = fast_constructor(Delete)
 
 _NAMES = {
-    "B": "Begin", "C": "Commit", "O": "Origin", "R": "Relation", "Y": "Type", "I": "Insert",
-    "U": "Update", "D": "Delete", "T": "Truncate", "M": "Message", "S": "Stream Start",
-    "E": "Stream Stop", "c": "Stream Commit", "A": "Stream Abort", "b": "Begin Prepare",
-    "P": "Prepare", "K": "Commit Prepared", "r": "Rollback Prepared", "p": "Stream Prepare",
+    "B": "Begin",
+    "C": "Commit",
+    "O": "Origin",
+    "R": "Relation",
+    "Y": "Type",
+    "I": "Insert",
+    "U": "Update",
+    "D": "Delete",
+    "T": "Truncate",
+    "M": "Message",
+    "S": "Stream Start",
+    "E": "Stream Stop",
+    "c": "Stream Commit",
+    "A": "Stream Abort",
+    "b": "Begin Prepare",
+    "P": "Prepare",
+    "K": "Commit Prepared",
+    "r": "Rollback Prepared",
+    "p": "Stream Prepare",
 }
 
 
@@ -267,7 +282,9 @@ class Decoder:
         if name is None:
             return UnknownMessageType(
                 f"unknown pgoutput message type {code!r} (0x{payload[0]:02x})",
-                data=payload, offset=0, lsn=_lsn(lsn),
+                data=payload,
+                offset=0,
+                lsn=_lsn(lsn),
             )
         if code in "SEcAp" and self.streaming is StreamingMode.OFF:
             why = "streaming was not negotiated"
@@ -275,7 +292,10 @@ class Decoder:
             why = f"it needs a higher proto_version than {self.proto_version}"
         return UnexpectedMessage(
             f"{name} message received but {why}",
-            data=payload, offset=0, message_type=name, lsn=_lsn(lsn),
+            data=payload,
+            offset=0,
+            message_type=name,
+            lsn=_lsn(lsn),
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -307,7 +327,9 @@ class Decoder:
         relation = self.relations.get(relid)
         if relation is None:
             raise _Fail(
-                UnknownRelation, f"relation id {relid} was never described by a Relation message", pos
+                UnknownRelation,
+                f"relation id {relid} was never described by a Relation message",
+                pos,
             )
         return relation
 
@@ -402,7 +424,9 @@ class Decoder:
             marker = buf[pos]
         if marker != 0x4E:  # 'N'
             expected = "'N'" if old_kind else "'K', 'O' or 'N'"
-            raise _Fail(InvalidMessage, f"expected {expected} tuple marker, got {chr(marker)!r}", pos)
+            raise _Fail(
+                InvalidMessage, f"expected {expected} tuple marker, got {chr(marker)!r}", pos
+            )
         new, pos = _read_tuple(buf, pos + 1, relation)
         if pos != len(buf):
             _end(buf, pos)

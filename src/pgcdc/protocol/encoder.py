@@ -92,8 +92,11 @@ def _relation(m: Relation) -> bytes:
 
 def _type(m: Type) -> bytes:
     return (
-        b"Y" + _xid(m.xid) + struct.pack(">I", m.type_oid)
-        + _cstring(m.namespace) + _cstring(m.name)
+        b"Y"
+        + _xid(m.xid)
+        + struct.pack(">I", m.type_oid)
+        + _cstring(m.namespace)
+        + _cstring(m.name)
     )
 
 
@@ -111,22 +114,27 @@ def _update(m: Update) -> bytes:
 
 def _delete(m: Delete) -> bytes:
     return (
-        b"D" + _xid(m.xid) + struct.pack(">I", m.relid)
-        + m.old_kind.encode() + encode_tuple(m.old)
+        b"D" + _xid(m.xid) + struct.pack(">I", m.relid) + m.old_kind.encode() + encode_tuple(m.old)
     )
 
 
 def _truncate(m: Truncate) -> bytes:
     return (
-        b"T" + _xid(m.xid) + struct.pack(">IB", len(m.relids), m.options)
+        b"T"
+        + _xid(m.xid)
+        + struct.pack(">IB", len(m.relids), m.options)
         + struct.pack(f">{len(m.relids)}I", *m.relids)
     )
 
 
 def _message(m: Message) -> bytes:
     return (
-        b"M" + _xid(m.xid) + struct.pack(">BQ", m.flags, m.lsn) + _cstring(m.prefix)
-        + struct.pack(">I", len(m.content)) + m.content
+        b"M"
+        + _xid(m.xid)
+        + struct.pack(">BQ", m.flags, m.lsn)
+        + _cstring(m.prefix)
+        + struct.pack(">I", len(m.content))
+        + m.content
     )
 
 
@@ -166,8 +174,14 @@ def _prepare_like(code: bytes) -> Callable[[Any], bytes]:
 
 def _rollback_prepared(m: RollbackPrepared) -> bytes:
     head = struct.pack(
-        ">cBQQqqI", b"r", m.flags, m.prepare_end_lsn, m.rollback_end_lsn,
-        m.prepare_ts, m.rollback_ts, m.xid,
+        ">cBQQqqI",
+        b"r",
+        m.flags,
+        m.prepare_end_lsn,
+        m.rollback_end_lsn,
+        m.prepare_ts,
+        m.rollback_ts,
+        m.xid,
     )
     return head + _cstring(m.gid)
 

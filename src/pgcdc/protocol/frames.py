@@ -77,12 +77,12 @@ def parse_frame(data: bytes) -> Frame:
         if len(data) < XLOG_HEADER_SIZE:
             raise TruncatedMessage(
                 f"XLogData header needs {XLOG_HEADER_SIZE} bytes, got {len(data)}",
-                data=data, offset=len(data), message_type="XLogData",
+                data=data,
+                offset=len(data),
+                message_type="XLogData",
             )
         _, start, end, ts = _XLOG_HEADER.unpack_from(data)
-        return _make_xlogdata(
-            _new_int(Lsn, start), _new_int(Lsn, end), ts, data[XLOG_HEADER_SIZE:]
-        )
+        return _make_xlogdata(_new_int(Lsn, start), _new_int(Lsn, end), ts, data[XLOG_HEADER_SIZE:])
     if code == 0x6B:  # 'k'
         _check_size(data, _KEEPALIVE.size, "primary keepalive")
         _, end, ts, reply = _KEEPALIVE.unpack(data)
@@ -95,7 +95,9 @@ def parse_frame(data: bytes) -> Frame:
         )
     raise UnknownMessageType(
         f"unknown CopyData frame type {chr(code)!r} (0x{code:02x}); expected 'w', 'k' or 'r'",
-        data=data, offset=0, message_type="CopyData",
+        data=data,
+        offset=0,
+        message_type="CopyData",
     )
 
 
@@ -122,12 +124,16 @@ def _check_size(data: bytes, size: int, name: str) -> None:
     if len(data) < size:
         raise TruncatedMessage(
             f"{name} needs {size} bytes, got {len(data)}",
-            data=data, offset=len(data), message_type=name,
+            data=data,
+            offset=len(data),
+            message_type=name,
         )
     if len(data) > size:
         raise InvalidMessage(
             f"{len(data) - size} trailing bytes after a {size}-byte {name}",
-            data=data, offset=size, message_type=name,
+            data=data,
+            offset=size,
+            message_type=name,
         )
 
 
@@ -135,6 +141,8 @@ def _bool(value: int, data: bytes, name: str) -> bool:
     if value > 1:
         raise InvalidMessage(
             f"reply-requested byte must be 0 or 1, got {value}",
-            data=data, offset=len(data) - 1, message_type=name,
+            data=data,
+            offset=len(data) - 1,
+            message_type=name,
         )
     return bool(value)

@@ -10,13 +10,25 @@ from __future__ import annotations
 __all__ = [
     "CaptureError",
     "ColumnCountMismatch",
+    "ConnectionFailed",
+    "ConnectionLost",
     "InvalidMessage",
+    "PermissionDenied",
     "PgcdcError",
     "ProtocolError",
+    "PublicationNotFound",
+    "ReplicationError",
+    "ServerConfigurationError",
+    "SlotExists",
+    "SlotInUse",
+    "SlotInvalidated",
+    "SlotNotFound",
+    "StreamEnded",
     "TruncatedMessage",
     "UnexpectedMessage",
     "UnknownMessageType",
     "UnknownRelation",
+    "UnsupportedOption",
 ]
 
 EXCERPT_BYTES = 16
@@ -105,3 +117,62 @@ class ColumnCountMismatch(ProtocolError):
 
 class CaptureError(PgcdcError):
     """A capture file that is not in pgcdc's capture format, or is corrupt or truncated."""
+
+
+class ReplicationError(PgcdcError):
+    """A failure talking to PostgreSQL. `sqlstate` is the server's error code when it sent one;
+    `lsn` is the last position the client had reached, when known."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, lsn: object = None) -> None:
+        self.sqlstate = sqlstate
+        self.lsn = lsn
+        if lsn:
+            message = f"{message} (at LSN {lsn})"
+        super().__init__(message)
+
+
+class UnsupportedOption(ReplicationError):
+    """An option this server version (or proto version) cannot accept; raised before sending."""
+
+
+class ConnectionFailed(ReplicationError):
+    """Could not connect or authenticate (wrong password, no REPLICATION privilege, host down)."""
+
+
+class ConnectionLost(ReplicationError):
+    """An established connection broke (server restart or shutdown, network, timeout).
+
+    Retryable: the stream resumes from the last confirmed LSN.
+    """
+
+
+class ServerConfigurationError(ReplicationError):
+    """The server is not set up for logical replication (e.g. wal_level is not logical)."""
+
+
+class PermissionDenied(ReplicationError):
+    """The role lacks a privilege the operation needs."""
+
+
+class SlotNotFound(ReplicationError):
+    """The replication slot does not exist."""
+
+
+class SlotInUse(ReplicationError):
+    """The replication slot is active in another process."""
+
+
+class SlotExists(ReplicationError):
+    """A slot with that name already exists."""
+
+
+class SlotInvalidated(ReplicationError):
+    """The slot can no longer be used (its WAL was removed, or it timed out while idle)."""
+
+
+class PublicationNotFound(ReplicationError):
+    """A publication named in publication_names does not exist."""
+
+
+class StreamEnded(ReplicationError):
+    """The server ended the replication stream with an error."""

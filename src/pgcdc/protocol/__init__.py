@@ -12,7 +12,7 @@ from pgcdc.protocol.frames import (
     encode_frame,
     parse_frame,
 )
-from pgcdc.protocol.lsn import Lsn, datetime_to_pg_timestamp, pg_timestamp_to_datetime
+from pgcdc.protocol.lsn import INVALID_LSN, Lsn, datetime_to_pg_timestamp, pg_timestamp_to_datetime
 from pgcdc.protocol.messages import (
     Begin,
     BeginPrepare,
@@ -39,6 +39,7 @@ from pgcdc.protocol.messages import (
 )
 
 __all__ = [
+    "INVALID_LSN",
     "MAX_PROTO_VERSION",
     "Begin",
     "BeginPrepare",

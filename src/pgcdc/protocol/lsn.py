@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["PG_EPOCH", "Lsn", "datetime_to_pg_timestamp", "pg_timestamp_to_datetime"]
+__all__ = ["INVALID_LSN", "PG_EPOCH", "Lsn", "datetime_to_pg_timestamp", "pg_timestamp_to_datetime"]
 
 _LSN_RE = re.compile(r"\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*")
 _MAX = (1 << 64) - 1
@@ -52,6 +52,9 @@ class Lsn(int):
             return int(self) - int(other)
         return Lsn(int(self) - int(other))
 
+
+#: PostgreSQL's InvalidXLogRecPtr: "no position" (and "resume from the slot" in START_REPLICATION).
+INVALID_LSN = Lsn(0)
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 

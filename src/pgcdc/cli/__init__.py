@@ -1,0 +1,1 @@
+"""The `pgcdc` command line."""

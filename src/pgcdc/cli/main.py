@@ -1,0 +1,378 @@
+"""The `pgcdc` command. Flags follow pg_recvlogical's where they overlap.
+
+Every error pgcdc diagnoses ends the command with one line on stderr and exit status 1;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from pgcdc import __version__
+from pgcdc.capture import CaptureHeader, CaptureReader, CaptureWriter
+from pgcdc.cli.render import message_json, message_text
+from pgcdc.errors import PgcdcError, SlotExists
+from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
+from pgcdc.replication.client import ReplicationClient
+from pgcdc.replication.connection import ReplicationConnection
+from pgcdc.replication.feedback import end_lsn_of
+from pgcdc.replication.options import OriginFilter, StreamOptions
+from pgcdc.replication.stream import LogicalStream, now_pg_timestamp
+
+__all__ = ["main"]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"pgcdc: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn pgcdc's own errors into one line on stderr, and Ctrl-C into a quiet exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PgcdcError as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            click.echo("pgcdc: interrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.stderr.close()
+            sys.exit(141)
+
+    return wrapper
+
+
+class LsnType(click.ParamType):
+    name = "LSN"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Lsn:
+        if isinstance(value, Lsn):
+            return value
+        try:
+            return Lsn.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+LSN = LsnType()
+
+
+def _stream_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The connection and stream flags shared by `tail` and `record`."""
+    decorators = [
+        click.option(
+            "-d",
+            "--dbname",
+            "conninfo",
+            default="",
+            metavar="CONNINFO",
+            help="libpq connection string or URI (PG* environment variables apply)",
+        ),
+        click.option("-S", "--slot", required=True, help="replication slot name"),
+        click.option(
+            "--publication",
+            "publications",
+            multiple=True,
+            required=True,
+            help="publication name (repeat for several)",
+        ),
+        click.option("--create-slot", is_flag=True, help="create the slot first"),
+        click.option("--if-not-exists", is_flag=True, help="with --create-slot: reuse a slot"),
+        click.option("-I", "--startpos", type=LSN, default=None, help="start position X/Y"),
+        click.option(
+            "-E",
+            "--endpos",
+            type=LSN,
+            default=None,
+            help="stop once a transaction ending at or after X/Y was received",
+        ),
+        click.option(
+            "--until-idle",
+            is_flag=True,
+            help="stop once caught up with the server's WAL position at start",
+        ),
+        click.option(
+            "--proto-version",
+            type=click.IntRange(1, 4),
+            default=None,
+            help="pgoutput proto_version (default: the server's highest)",
+        ),
+        click.option("--binary", is_flag=True, help="binary tuple values"),
+        click.option("--messages", is_flag=True, help="include logical decoding messages"),
+        click.option(
+            "--streaming",
+            type=click.Choice(["off", "on", "parallel"]),
+            default="off",
+            help="stream large in-progress transactions",
+        ),
+        click.option("--two-phase", is_flag=True, help="decode prepared transactions"),
+        click.option(
+            "--origin",
+            type=click.Choice(["any", "none"]),
+            default=None,
+            help="none: only changes made locally (PG16+)",
+        ),
+        click.option(
+            "-s",
+            "--status-interval",
+            type=float,
+            default=10.0,
+            show_default=True,
+            help="seconds between status updates to the server",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        fn = decorator(fn)
+    return fn
+
+
+def _options_from(kwargs: dict[str, Any]) -> StreamOptions:
+    return StreamOptions(
+        publication_names=tuple(kwargs["publications"]),
+        proto_version=kwargs["proto_version"],
+        binary=kwargs["binary"],
+        messages=kwargs["messages"],
+        streaming=kwargs["streaming"],
+        two_phase=kwargs["two_phase"],
+        origin=OriginFilter(kwargs["origin"]) if kwargs["origin"] else None,
+    )
+
+
+def _maybe_create_slot(kwargs: dict[str, Any]) -> None:
+    if not kwargs["create_slot"]:
+        return
+    with ReplicationConnection.connect(kwargs["conninfo"]) as conn:
+        try:
+            created = conn.create_slot(kwargs["slot"], two_phase=kwargs["two_phase"])
+            click.echo(
+                f"pgcdc: created slot {created.slot_name} at {created.consistent_point}", err=True
+            )
+        except SlotExists:
+            if not kwargs["if_not_exists"]:
+                raise
+
+
+def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
+    if kwargs["endpos"] is not None and kwargs["until_idle"]:
+        raise click.UsageError("--endpos and --until-idle cannot be combined")
+    return ReplicationClient(
+        kwargs["conninfo"],
+        kwargs["slot"],
+        _options_from(kwargs),
+        start_lsn=kwargs["startpos"] or INVALID_LSN,
+        endpos=kwargs["endpos"],
+        until_idle=kwargs["until_idle"],
+        status_interval=kwargs["status_interval"],
+        **extra,
+    )
+
+
+class StatusLine:
+    """A one-line live status (rate, lag in bytes) on a terminal's stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.count = 0
+        self.started = self.shown = time.monotonic()
+
+    def update(self, client: ReplicationClient) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if not self.enabled or now - self.shown < 0.5 or client.stream is None:
+            return
+        self.shown = now
+        tracker = client.stream.tracker
+        rate = self.count / max(now - self.started, 1e-9)
+        lag = tracker.keepalive_wal_end - tracker.confirmed if tracker.keepalive_wal_end else 0
+        sys.stderr.write(
+            f"\r{self.count:>10} messages {rate:>9.0f}/s  received {tracker.received}  "
+            f"confirmed {tracker.flush_lsn}  lag {max(lag, 0)} bytes\x1b[K"
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pgcdc")
+def cli() -> None:
+    """pgcdc: PostgreSQL logical replication (pgoutput) in Python."""
+
+
+@cli.command()
+@_stream_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "-f",
+    "--file",
+    "output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    help="write here instead of standard output",
+)
+@click.option("--no-confirm", is_flag=True, help="do not move the slot (leave changes in it)")
+@_user_errors
+def tail(fmt: str, output: str, no_confirm: bool, **kwargs: Any) -> None:
+    """Stream decoded messages from a slot, one per line."""
+    _maybe_create_slot(kwargs)
+    client = _client(kwargs, acknowledge=not no_confirm)
+    out: TextIO = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")  # noqa: SIM115
+    status = StatusLine(sys.stderr.isatty() and out is not sys.stderr)
+    render = message_json if fmt == "json" else message_text
+    with client:
+        for frame, message in client:
+            assert client.stream is not None
+            relations = client.stream.decoder.relations
+            line = render(message, frame.data_start, relations)
+            out.write((json.dumps(line, ensure_ascii=False) if fmt == "json" else line) + "\n")
+            end = end_lsn_of(message)
+            if end is not None:
+                out.flush()
+                client.confirm(end)
+            status.update(client)
+    status.close()
+    if out is not sys.stdout:
+        out.close()
+
+
+@cli.command()
+@_stream_options
+@click.option(
+    "-f",
+    "--file",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="capture file to write",
+)
+@click.option("--no-confirm", is_flag=True, help="do not move the slot")
+@_user_errors
+def record(output: Path, no_confirm: bool, **kwargs: Any) -> None:
+    """Record a slot's raw replication frames into a capture file."""
+    _maybe_create_slot(kwargs)
+    with open(output, "wb") as file:
+        writer: CaptureWriter | None = None
+
+        def on_frame(frame: bytes) -> None:
+            assert writer is not None
+            writer.write(frame, now_pg_timestamp())
+
+        def on_session(stream: LogicalStream) -> None:
+            nonlocal writer
+            if writer is None:
+                negotiated = stream.options
+                writer = CaptureWriter(
+                    file,
+                    CaptureHeader(
+                        proto_version=negotiated.proto_version or 1,
+                        streaming=str(negotiated.streaming),
+                        binary=negotiated.binary,
+                        messages=negotiated.messages,
+                        two_phase=negotiated.two_phase,
+                        origin=None if negotiated.origin is None else str(negotiated.origin),
+                        publication_names=list(negotiated.publication_names),
+                        server_version=stream.conn.server_version,
+                        slot=stream.slot,
+                        system_id=stream.identity.systemid if stream.identity else "",
+                        start_lsn=str(stream.start_lsn),
+                        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        pgcdc_version=__version__,
+                    ),
+                )
+
+        # One session only: a reconnect would re-send Relation messages mid-capture.
+        client = _client(
+            kwargs,
+            on_frame=on_frame,
+            on_session=on_session,
+            reconnect=False,
+            acknowledge=not no_confirm,
+        )
+        count = 0
+        last_sync = time.monotonic()
+        pending: Lsn | None = None
+        with client:
+            try:
+                for _frame, message in client:
+                    count += 1
+                    end = end_lsn_of(message)
+                    if end is not None:
+                        pending = end
+                        if time.monotonic() - last_sync > 1.0:
+                            file.flush()
+                            os.fsync(file.fileno())
+                            last_sync = time.monotonic()
+                            client.confirm(pending)
+            finally:
+                # Durable first, then confirmed: closing the client reports the position.
+                if writer is not None:
+                    writer.close()
+                    os.fsync(file.fileno())
+                if pending is not None and client.stream is not None:
+                    client.confirm(pending)
+        click.echo(f"pgcdc: recorded {count} messages to {output}", err=True)
+
+
+@cli.command()
+@click.argument("capture", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--keepalives", is_flag=True, help="also print keepalive frames")
+@_user_errors
+def decode(capture: Path, fmt: str, keepalives: bool) -> None:
+    """Print every message of a capture file, one per line."""
+    with open(capture, "rb") as file:
+        reader = CaptureReader(file, str(capture))
+        header = reader.header
+        decoder = Decoder(header.proto_version, header.streaming)
+        for record in reader:
+            frame = parse_frame(record.frame)
+            if isinstance(frame, PrimaryKeepalive):
+                if keepalives:
+                    item = {
+                        "type": "Keepalive",
+                        "wal_end": str(frame.wal_end),
+                        "reply_requested": frame.reply_requested,
+                    }
+                    click.echo(
+                        json.dumps(item)
+                        if fmt == "json"
+                        else f"{frame.wal_end!s:>17} Keepalive reply_requested="
+                        f"{str(frame.reply_requested).lower()}"
+                    )
+                continue
+            if not isinstance(frame, XLogData):
+                continue
+            try:
+                message = decoder.decode(frame.payload, frame.data_start)
+            except PgcdcError as exc:
+                raise PgcdcError(f"{capture}: record {record.index}: {exc}") from None
+            if message is None:
+                continue
+            if fmt == "json":
+                line = message_json(message, frame.data_start, decoder.relations)
+                click.echo(json.dumps(line, ensure_ascii=False))
+            else:
+                click.echo(message_text(message, frame.data_start, decoder.relations))
+
+
+def main() -> None:
+    cli(prog_name="pgcdc")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""A walsender connection (``replication=database``) over psycopg 3's libpq layer.
+
+psycopg's high-level API has no replication support, but `psycopg.pq.PGconn` speaks everything
+needed: simple-query replication commands and CopyBoth. This module is the only place that
+turns libpq results and server errors into pgcdc's error classes.
+"""
+
+from __future__ import annotations
+
+import select
+from dataclasses import dataclass
+
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgcdc.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    PermissionDenied,
+    PublicationNotFound,
+    ReplicationError,
+    ServerConfigurationError,
+    SlotExists,
+    SlotInUse,
+    SlotInvalidated,
+    SlotNotFound,
+    StreamEnded,
+    UnsupportedOption,
+)
+from pgcdc.protocol import Lsn
+from pgcdc.replication.options import StreamOptions
+
+__all__ = [
+    "DEFAULT_SESSION_SETTINGS",
+    "CreatedSlot",
+    "ReplicationConnection",
+    "SystemIdentity",
+    "error_from_result",
+]
+
+#: Pinned so that the text output of every value is the same whatever the server's defaults.
+DEFAULT_SESSION_SETTINGS: dict[str, str] = {
+    "client_encoding": "UTF8",
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
+
+_E = pq.ExecStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SystemIdentity:
+    systemid: str
+    timeline: int
+    xlogpos: Lsn
+    dbname: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedSlot:
+    slot_name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+    output_plugin: str
+
+
+def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> ReplicationError:
+    """The pgcdc error for a server ErrorResponse, chosen by SQLSTATE and message."""
+    field = pq.DiagnosticField
+    sqlstate = (result.error_field(field.SQLSTATE) or b"").decode()
+    primary = (result.error_field(field.MESSAGE_PRIMARY) or b"").decode(errors="replace")
+    detail = (result.error_field(field.MESSAGE_DETAIL) or b"").decode(errors="replace")
+    hint = (result.error_field(field.MESSAGE_HINT) or b"").decode(errors="replace")
+    if not primary:
+        primary = result.get_error_message().decode(errors="replace").strip() or "unknown error"
+    text = f"{doing}: {primary}"
+    if detail:
+        text += f" ({detail})"
+    if hint:
+        text += f" Hint: {hint}"
+    cls: type[ReplicationError] = ReplicationError
+    lowered = primary.lower()
+    if sqlstate == "42704" and lowered.startswith("publication"):
+        cls = PublicationNotFound
+    elif sqlstate == "42704" and "replication slot" in lowered:
+        cls = SlotNotFound
+    elif sqlstate == "42710":
+        cls = SlotExists
+    elif sqlstate == "55006":
+        cls = SlotInUse
+    elif "wal_level" in lowered:
+        cls = ServerConfigurationError
+    elif sqlstate == "55000" and ("invalidated" in lowered or "can no longer" in lowered):
+        cls = SlotInvalidated
+    elif sqlstate.startswith("42501") or sqlstate.startswith("28"):
+        cls = PermissionDenied
+    elif sqlstate == "22023" or sqlstate == "0A000":
+        cls = UnsupportedOption
+    elif sqlstate.startswith("57P") or sqlstate.startswith("08"):
+        cls = ConnectionLost
+    return cls(text, sqlstate=sqlstate or None, lsn=lsn)
+
+
+def _connection_error(message: str, conninfo: str) -> ConnectionFailed | PermissionDenied:
+    params = conninfo_to_dict(conninfo)
+    where = f"{params.get('host', 'local socket')}:{params.get('port', '5432')}"
+    lowered = message.lower()
+    if "replication" in lowered and ("permission" in lowered or "must be" in lowered):
+        return PermissionDenied(f"cannot start a walsender at {where}: {message}")
+    return ConnectionFailed(f"cannot connect to PostgreSQL at {where}: {message}")
+
+
+class ReplicationConnection:
+    """One walsender session. Blocking; `read_copy_data` waits with a timeout."""
+
+    def __init__(self, pgconn: pq.PGconn, conninfo: str) -> None:
+        self.pgconn = pgconn
+        self.conninfo = conninfo
+        self.server_version: int = pgconn.server_version
+        self._in_copy = False
+
+    @classmethod
+    def connect(
+        cls, conninfo: str = "", *, application_name: str = "pgcdc"
+    ) -> ReplicationConnection:
+        """Connect with ``replication=database`` (conninfo: libpq string or URI; PG* env apply)."""
+        params = conninfo_to_dict(conninfo)
+        params.setdefault("application_name", application_name)
+        params["replication"] = "database"
+        full = make_conninfo("", **params)
+        pgconn = pq.PGconn.connect(full.encode())
+        if pgconn.status != pq.ConnStatus.OK:
+            message = pgconn.get_error_message().decode(errors="replace").strip()
+            pgconn.finish()
+            raise _connection_error(message, conninfo)
+        return cls(pgconn, full)
+
+    @property
+    def major_version(self) -> int:
+        return self.server_version // 10000
+
+    def close(self) -> None:
+        self.pgconn.finish()
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- simple commands -------------------------------------------------------------------
+
+    def execute(self, command: str, doing: str | None = None) -> list[tuple[str | None, ...]]:
+        """Run a simple-protocol command; rows as text tuples."""
+        result = self.pgconn.exec_(command.encode())
+        status = result.status
+        if status == _E.FATAL_ERROR:
+            if self.pgconn.status != pq.ConnStatus.OK:
+                message = self.pgconn.get_error_message().decode(errors="replace").strip()
+                raise ConnectionLost(f"{doing or command}: connection lost: {message}")
+            raise error_from_result(result, doing or command)
+        if status not in (_E.COMMAND_OK, _E.TUPLES_OK):
+            raise ReplicationError(f"{doing or command}: unexpected result status {status.name}")
+        return [
+            tuple(
+                None if (v := result.get_value(r, c)) is None else v.decode()
+                for c in range(result.nfields)
+            )
+            for r in range(result.ntuples)
+        ]
+
+    def identify_system(self) -> SystemIdentity:
+        ((systemid, timeline, xlogpos, dbname),) = self.execute("IDENTIFY_SYSTEM")
+        assert systemid is not None and timeline is not None and xlogpos is not None
+        return SystemIdentity(systemid, int(timeline), Lsn.parse(xlogpos), dbname)
+
+    def apply_settings(self, settings: dict[str, str]) -> None:
+        """SET session GUCs; the walsender runs output functions with these (text values)."""
+        for name, value in settings.items():
+            literal = "'" + value.replace("'", "''") + "'"
+            self.execute(f"SET {name} = {literal}", f"setting {name}")
+
+    def create_slot(
+        self,
+        name: str,
+        *,
+        temporary: bool = False,
+        two_phase: bool = False,
+        failover: bool = False,
+        snapshot: str = "nothing",
+        plugin: str = "pgoutput",
+    ) -> CreatedSlot:
+        """CREATE_REPLICATION_SLOT, in the syntax this server understands.
+
+        `snapshot` is ``export`` (the slot's snapshot stays importable while this connection
+        runs no other command), ``use`` or ``nothing``.
+        """
+        major = self.major_version
+        if two_phase and major < 15:
+            raise UnsupportedOption(
+                f"two-phase slots need PostgreSQL 15 or later, server is {major}"
+            )
+        if failover and major < 17:
+            raise UnsupportedOption(
+                f"failover slots need PostgreSQL 17 or later, server is {major}"
+            )
+        if failover and temporary:
+            raise UnsupportedOption("a temporary slot cannot be a failover slot")
+        head = f"CREATE_REPLICATION_SLOT {_ident(name)} {'TEMPORARY ' if temporary else ''}"
+        head += f"LOGICAL {_ident(plugin)}"
+        if major >= 15:
+            opts = [f"SNAPSHOT '{snapshot}'"]
+            if two_phase:
+                opts.append("TWO_PHASE")
+            if failover:
+                opts.append("FAILOVER")
+            command = f"{head} ({', '.join(opts)})"
+        else:
+            legacy = {"export": "EXPORT_SNAPSHOT", "use": "USE_SNAPSHOT"}
+            command = f"{head} {legacy.get(snapshot, 'NOEXPORT_SNAPSHOT')}"
+        ((slot_name, point, snapshot_name, output_plugin),) = self.execute(
+            command, f"creating replication slot {name!r}"
+        )
+        assert slot_name is not None and point is not None
+        return CreatedSlot(slot_name, Lsn.parse(point), snapshot_name, output_plugin or plugin)
+
+    def drop_slot(self, name: str, *, wait: bool = False) -> None:
+        command = f"DROP_REPLICATION_SLOT {_ident(name)}{' WAIT' if wait else ''}"
+        self.execute(command, f"dropping replication slot {name!r}")
+
+    # -- CopyBoth --------------------------------------------------------------------------
+
+    def start_replication(self, slot: str, start_lsn: Lsn, options: StreamOptions) -> None:
+        """START_REPLICATION for negotiated `options`; on success the session is in CopyBoth."""
+        command = (
+            f"START_REPLICATION SLOT {_ident(slot)} LOGICAL {Lsn(start_lsn)} "
+            f"({options.command_options()})"
+        )
+        result = self.pgconn.exec_(command.encode())
+        if result.status == _E.COPY_BOTH:
+            self._in_copy = True
+            return
+        if result.status == _E.FATAL_ERROR:
+            raise error_from_result(
+                result, f"starting replication from slot {slot!r}", lsn=Lsn(start_lsn) or None
+            )
+        raise ReplicationError(f"START_REPLICATION: unexpected result status {result.status.name}")
+
+    def read_copy_data(self, timeout: float) -> bytes | None:
+        """The next CopyData payload, or None when `timeout` seconds passed without one.
+
+        Raises StreamEnded (the server ended the stream with an error), ConnectionLost.
+        """
+        pgconn = self.pgconn
+        nbytes, data = pgconn.get_copy_data(1)
+        if nbytes == 0:
+            try:
+                ready, _, _ = select.select([pgconn.socket], [], [], timeout)
+            except (OSError, ValueError) as exc:
+                raise ConnectionLost(f"replication connection lost: {exc}") from None
+            if not ready:
+                return None
+            try:
+                pgconn.consume_input()
+            except Exception as exc:  # psycopg.OperationalError; libpq lost the socket
+                raise ConnectionLost(f"replication connection lost: {_first_line(exc)}") from None
+            nbytes, data = pgconn.get_copy_data(1)
+            if nbytes == 0:
+                return None
+        if nbytes > 0:
+            return (
+                data.obj if isinstance(data.obj, bytes) and len(data.obj) == nbytes else bytes(data)
+            )
+        self._in_copy = False
+        raise self._stream_end_error()
+
+    def _stream_end_error(self) -> ReplicationError:
+        """The reason the server ended CopyBoth (CopyDone, ErrorResponse, or EOF)."""
+        error: ReplicationError | None = None
+        while (result := self.pgconn.get_result()) is not None:
+            if result.status == _E.FATAL_ERROR and error is None:
+                error = error_from_result(result, "replication stream ended")
+                if type(error) is ReplicationError:
+                    error = StreamEnded(str(error), sqlstate=error.sqlstate)
+        if error is not None:
+            return error
+        if self.pgconn.status != pq.ConnStatus.OK:
+            message = self.pgconn.get_error_message().decode(errors="replace").strip()
+            return ConnectionLost(f"replication connection lost: {message or 'server closed it'}")
+        return StreamEnded("the server ended the replication stream (CopyDone)")
+
+    def send_copy_data(self, data: bytes) -> None:
+        try:
+            self.pgconn.put_copy_data(data)
+            self.pgconn.flush()
+        except Exception as exc:  # psycopg.OperationalError
+            raise ConnectionLost(f"replication connection lost: {_first_line(exc)}") from None
+
+    def end_copy(self) -> None:
+        """Send CopyDone and drain until the server has finished the command."""
+        if not self._in_copy:
+            return
+        self._in_copy = False
+        try:
+            self.pgconn.put_copy_end()
+            self.pgconn.flush()
+            # The server may still send CopyData before its own CopyDone; discard it.
+            while True:
+                nbytes, _ = self.pgconn.get_copy_data(0)
+                if nbytes < 0:
+                    break
+            while self.pgconn.get_result() is not None:
+                pass
+        except Exception as exc:  # psycopg.OperationalError: nothing left to end cleanly
+            raise ConnectionLost(f"ending the replication stream: {_first_line(exc)}") from None
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,174 @@
+"""The CopyBoth loop of one walsender session: frames in, decoded messages out, feedback back.
+
+`LogicalStream` owns a `ReplicationConnection` in CopyBoth mode. It answers keepalives, sends
+standby status updates on a timer and whenever the server asks, and reports as flushed only
+what `AckTracker` allows. It decodes with the codec; it never looks inside a tuple.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from pgcdc.protocol import (
+    INVALID_LSN,
+    Decoder,
+    Lsn,
+    PgoutputMessage,
+    PrimaryKeepalive,
+    StandbyStatusUpdate,
+    XLogData,
+    datetime_to_pg_timestamp,
+    encode_frame,
+    parse_frame,
+)
+from pgcdc.protocol.lsn import PG_EPOCH
+from pgcdc.replication.connection import (
+    DEFAULT_SESSION_SETTINGS,
+    ReplicationConnection,
+    SystemIdentity,
+)
+from pgcdc.replication.feedback import AckTracker
+from pgcdc.replication.options import StreamOptions
+
+__all__ = ["LogicalStream", "now_pg_timestamp"]
+
+_UNIX_TO_PG_MICROS = datetime_to_pg_timestamp(PG_EPOCH.replace(year=1970))
+
+
+def now_pg_timestamp() -> int:
+    """Current time as microseconds since 2000-01-01 UTC, for status updates."""
+    return time.time_ns() // 1000 + _UNIX_TO_PG_MICROS
+
+
+class LogicalStream:
+    """Streams decoded pgoutput messages from a slot, one walsender session.
+
+    `start_lsn` is the position the consumer has durably handled; the server starts at the
+    later of it and the slot's confirmed_flush_lsn. `endpos` stops the stream once a
+    transaction ending at or after it was delivered (or an idle keepalive passed it); with
+    `until_idle`, `endpos` is the server's WAL position when the stream started. With
+    `acknowledge=False` the slot is never moved.
+    """
+
+    def __init__(
+        self,
+        conn: ReplicationConnection,
+        slot: str,
+        options: StreamOptions,
+        start_lsn: Lsn = INVALID_LSN,
+        *,
+        status_interval: float = 10.0,
+        endpos: Lsn | None = None,
+        until_idle: bool = False,
+        on_frame: Callable[[bytes], None] | None = None,
+        acknowledge: bool = True,
+    ) -> None:
+        self.conn = conn
+        self.slot = slot
+        self.options = options.negotiate(conn.server_version)
+        assert self.options.proto_version is not None
+        self.start_lsn = Lsn(start_lsn)
+        self.status_interval = status_interval
+        self.endpos = endpos
+        self.until_idle = until_idle
+        self.on_frame = on_frame
+        self.acknowledge = acknowledge
+        self.tracker = AckTracker(confirmed=self.start_lsn, received=self.start_lsn)
+        self.decoder = Decoder(self.options.proto_version, self.options.streaming)
+        self.identity: SystemIdentity | None = None
+        self._last_status = 0.0
+        self._sent_flush = INVALID_LSN
+        self._stopped = False
+
+    def start(self) -> None:
+        self.identity = self.conn.identify_system()
+        if self.until_idle and self.endpos is None:
+            self.endpos = self.identity.xlogpos
+        self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
+        self.conn.start_replication(self.slot, self.start_lsn, self.options)
+        self._last_status = time.monotonic()
+
+    def confirm(self, lsn: Lsn) -> None:
+        """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""
+        self.tracker.confirm(lsn)
+
+    @property
+    def flush_lsn(self) -> Lsn:
+        return self.tracker.flush_lsn
+
+    def send_status(self, reply_requested: bool = False) -> None:
+        tracker = self.tracker
+        # Flush 0 leaves the slot where it is (the server ignores a zero flush position).
+        flush = tracker.flush_lsn if self.acknowledge else INVALID_LSN
+        update = StandbyStatusUpdate(
+            tracker.write_lsn, flush, flush, now_pg_timestamp(), reply_requested
+        )
+        self.conn.send_copy_data(encode_frame(update))
+        self._sent_flush = flush
+        self._last_status = time.monotonic()
+
+    def _past_endpos(self, lsn: Lsn) -> bool:
+        return self.endpos is not None and lsn >= self.endpos
+
+    def __iter__(self) -> Iterator[tuple[XLogData, PgoutputMessage]]:
+        """Decoded messages with their XLogData frames, until stopped or past endpos."""
+        tracker = self.tracker
+        decoder = self.decoder
+        read = self.conn.read_copy_data
+        on_frame = self.on_frame
+        if self.endpos is not None and tracker.idle and self._past_endpos(self.start_lsn):
+            return
+        pinged = False
+        while not self._stopped:
+            now = time.monotonic()
+            wait = self._last_status + self.status_interval - now
+            if wait <= 0:
+                self.send_status()
+                wait = self.status_interval
+            data = read(min(wait, 1.0) if self.endpos is not None else wait)
+            if data is None:
+                if self.endpos is not None and not pinged:
+                    # Ask for a keepalive: it tells where the walsender is once it is idle.
+                    self.send_status(reply_requested=True)
+                    pinged = True
+                continue
+            pinged = False
+            if on_frame is not None:
+                on_frame(data)
+            frame = parse_frame(data)
+            if type(frame) is XLogData:
+                message = decoder.decode(frame.payload, frame.data_start)
+                if message is None:
+                    continue
+                if (
+                    self.endpos is not None
+                    and tracker.idle
+                    and frame.data_start
+                    and frame.data_start > self.endpos
+                ):
+                    return
+                tracker.on_message(message, frame.data_start)
+                yield frame, message
+                if (
+                    self.endpos is not None
+                    and tracker.idle
+                    and self._past_endpos(tracker.delivered)
+                ):
+                    return
+            elif type(frame) is PrimaryKeepalive:
+                tracker.on_keepalive(frame.wal_end)
+                if frame.reply_requested:
+                    self.send_status()
+                if tracker.idle and self._past_endpos(frame.wal_end):
+                    return
+
+    def stop(self) -> None:
+        """Report the final position and leave CopyBoth cleanly (CopyDone)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self.send_status()
+        finally:
+            self.conn.end_copy()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any, TextIO
 import click
 
 from pgcdc import __version__
-from pgcdc.capture import CaptureHeader, CaptureReader, CaptureWriter
+from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.errors import PgcdcError, SlotExists
 from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
@@ -26,7 +25,7 @@ from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.feedback import end_lsn_of
 from pgcdc.replication.options import OriginFilter, StreamOptions
-from pgcdc.replication.stream import LogicalStream, now_pg_timestamp
+from pgcdc.replication.record import record as record_capture
 
 __all__ = ["main"]
 
@@ -265,67 +264,9 @@ def tail(fmt: str, output: str, no_confirm: bool, **kwargs: Any) -> None:
 def record(output: Path, no_confirm: bool, **kwargs: Any) -> None:
     """Record a slot's raw replication frames into a capture file."""
     _maybe_create_slot(kwargs)
-    with open(output, "wb") as file:
-        writer: CaptureWriter | None = None
-
-        def on_frame(frame: bytes) -> None:
-            assert writer is not None
-            writer.write(frame, now_pg_timestamp())
-
-        def on_session(stream: LogicalStream) -> None:
-            nonlocal writer
-            if writer is None:
-                negotiated = stream.options
-                writer = CaptureWriter(
-                    file,
-                    CaptureHeader(
-                        proto_version=negotiated.proto_version or 1,
-                        streaming=str(negotiated.streaming),
-                        binary=negotiated.binary,
-                        messages=negotiated.messages,
-                        two_phase=negotiated.two_phase,
-                        origin=None if negotiated.origin is None else str(negotiated.origin),
-                        publication_names=list(negotiated.publication_names),
-                        server_version=stream.conn.server_version,
-                        slot=stream.slot,
-                        system_id=stream.identity.systemid if stream.identity else "",
-                        start_lsn=str(stream.start_lsn),
-                        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        pgcdc_version=__version__,
-                    ),
-                )
-
-        # One session only: a reconnect would re-send Relation messages mid-capture.
-        client = _client(
-            kwargs,
-            on_frame=on_frame,
-            on_session=on_session,
-            reconnect=False,
-            acknowledge=not no_confirm,
-        )
-        count = 0
-        last_sync = time.monotonic()
-        pending: Lsn | None = None
-        with client:
-            try:
-                for _frame, message in client:
-                    count += 1
-                    end = end_lsn_of(message)
-                    if end is not None:
-                        pending = end
-                        if time.monotonic() - last_sync > 1.0:
-                            file.flush()
-                            os.fsync(file.fileno())
-                            last_sync = time.monotonic()
-                            client.confirm(pending)
-            finally:
-                # Durable first, then confirmed: closing the client reports the position.
-                if writer is not None:
-                    writer.close()
-                    os.fsync(file.fileno())
-                if pending is not None and client.stream is not None:
-                    client.confirm(pending)
-        click.echo(f"pgcdc: recorded {count} messages to {output}", err=True)
+    client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
+    count = record_capture(client, output)
+    click.echo(f"pgcdc: recorded {count} messages to {output}", err=True)
 
 
 @cli.command()

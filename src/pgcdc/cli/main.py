@@ -311,6 +311,15 @@ def decode(capture: Path, fmt: str, keepalives: bool) -> None:
                 click.echo(message_text(message, frame.data_start, decoder.relations))
 
 
+@cli.command()
+@_user_errors
+def demo() -> None:
+    """Start an embedded PostgreSQL, run a small workload, print its decoded changes."""
+    from pgcdc.cli.demo import run_demo
+
+    run_demo()
+
+
 def main() -> None:
     cli(prog_name="pgcdc")
 

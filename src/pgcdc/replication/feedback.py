@@ -30,6 +30,21 @@ from pgcdc.protocol import (
 
 __all__ = ["AckTracker", "end_lsn_of"]
 
+_OPENS, _CLOSES, _STREAM_START, _STREAM_END, _ENDS = range(5)
+_ROLES: dict[type, int] = {
+    Begin: _OPENS,
+    BeginPrepare: _OPENS,
+    Commit: _CLOSES,
+    Prepare: _CLOSES,
+    StreamStart: _STREAM_START,
+    StreamCommit: _STREAM_END,
+    StreamPrepare: _STREAM_END,
+    StreamAbort: _STREAM_END,
+    CommitPrepared: _ENDS,
+    RollbackPrepared: _ENDS,
+    Message: _ENDS,
+}
+
 
 def end_lsn_of(message: PgoutputMessage) -> Lsn | None:
     """The position to acknowledge once `message`'s transaction is durably handled, if any."""
@@ -76,18 +91,22 @@ class AckTracker:
     def on_message(self, message: PgoutputMessage, data_start: Lsn) -> None:
         if data_start > self.received:
             self.received = data_start
-        if isinstance(message, Begin | BeginPrepare):
+        role = _ROLES.get(type(message))
+        if role is None:  # a change, Relation, Type, Origin, Stream Stop
+            return
+        if role == _OPENS:
             self.in_transaction = True
-        elif isinstance(message, StreamStart):
-            self.open_streams.add(message.xid)
-        elif isinstance(message, StreamCommit | StreamPrepare) or (
-            isinstance(message, StreamAbort) and message.is_toplevel
-        ):
-            self.open_streams.discard(message.xid)
+            return
+        if role == _STREAM_START:
+            self.open_streams.add(message.xid)  # type: ignore[attr-defined]
+            return
+        if role == _STREAM_END:
+            if not isinstance(message, StreamAbort) or message.is_toplevel:
+                self.open_streams.discard(message.xid)  # type: ignore[attr-defined]
+        elif role == _CLOSES:
+            self.in_transaction = False
         end = end_lsn_of(message)
         if end is not None:
-            if isinstance(message, Commit | Prepare):
-                self.in_transaction = False
             if end > self.delivered:
                 self.delivered = end
             if end > self.received:

@@ -6,6 +6,7 @@ tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -21,6 +22,7 @@ from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.errors import PgcdcError, SlotExists
 from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
+from pgcdc.replication import publications, slots
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.feedback import end_lsn_of
@@ -309,6 +311,201 @@ def decode(capture: Path, fmt: str, keepalives: bool) -> None:
                 click.echo(json.dumps(line, ensure_ascii=False))
             else:
                 click.echo(message_text(message, frame.data_start, decoder.relations))
+
+
+_conninfo_option = click.option(
+    "-d",
+    "--dbname",
+    "conninfo",
+    default="",
+    metavar="CONNINFO",
+    help="libpq connection string or URI (PG* environment variables apply)",
+)
+
+
+@cli.group()
+def slot() -> None:
+    """Create, drop and list replication slots."""
+
+
+@slot.command("create")
+@click.argument("name")
+@_conninfo_option
+@click.option("--two-phase", is_flag=True, help="enable decoding of prepared transactions")
+@click.option("--failover", is_flag=True, help="synchronize to standbys (PostgreSQL 17+)")
+@click.option("--if-not-exists", is_flag=True, help="succeed if the slot already exists")
+@_user_errors
+def slot_create(
+    name: str, conninfo: str, two_phase: bool, failover: bool, if_not_exists: bool
+) -> None:
+    """Create a logical slot for pgoutput."""
+    try:
+        created = slots.create_slot(conninfo, name, two_phase=two_phase, failover=failover)
+    except SlotExists:
+        if not if_not_exists:
+            raise
+        click.echo(f"slot {name} already exists")
+        return
+    click.echo(f"created slot {created.slot_name} at {created.consistent_point}")
+
+
+@slot.command("drop")
+@click.argument("name")
+@_conninfo_option
+@click.option("--wait", is_flag=True, help="wait for an active consumer to let go")
+@_user_errors
+def slot_drop(name: str, conninfo: str, wait: bool) -> None:
+    """Drop a slot (the WAL it retained is released)."""
+    slots.drop_slot(conninfo, name, wait=wait)
+    click.echo(f"dropped slot {name}")
+
+
+@slot.command("list")
+@_conninfo_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@_user_errors
+def slot_list(conninfo: str, fmt: str) -> None:
+    """List slots with their health: activity, positions, WAL retained, invalidation."""
+    found = slots.list_slots(conninfo)
+    if fmt == "json":
+        for info in found:
+            click.echo(
+                json.dumps(
+                    {f.name: _jsonable(getattr(info, f.name)) for f in dataclasses.fields(info)}
+                )
+            )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "slot",
+        "plugin",
+        "database",
+        "active pid",
+        "restart_lsn",
+        "confirmed_flush_lsn",
+        "WAL retained",
+        "wal_status",
+        "safe_wal_size",
+        "invalidated",
+    )
+    for info in found:
+        table.add_row(
+            info.slot_name,
+            info.plugin or "",
+            info.database or "",
+            str(info.active_pid or ""),
+            str(info.restart_lsn or ""),
+            str(info.confirmed_flush_lsn or ""),
+            _bytes(info.retained_bytes),
+            info.wal_status or "",
+            _bytes(info.safe_wal_size),
+            info.invalidation_reason or ("yes" if info.invalidated else ""),
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return ""
+    size = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(size) < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    return (
+        value
+        if value is None or (isinstance(value, bool | int | float) and not isinstance(value, Lsn))
+        else str(value)
+    )
+
+
+@cli.group()
+def publication() -> None:
+    """Create, alter and describe publications."""
+
+
+_tables_option = click.option(
+    "-t",
+    "--table",
+    "tables",
+    multiple=True,
+    metavar="SPEC",
+    help="table to publish: name, 'name(col, col)', optionally ' WHERE expr' (repeatable)",
+)
+
+
+def _print_publication(info: publications.PublicationInfo) -> None:
+    scope = "all tables" if info.all_tables else f"{len(info.tables)} tables"
+    click.echo(
+        f"publication {info.name}: {scope}; publishes {', '.join(info.publishes)}"
+        f"{'; via partition root' if info.via_partition_root else ''}"
+    )
+    for t in info.tables:
+        cols = f" ({', '.join(t.columns)})" if t.columns else ""
+        where = f" WHERE {t.row_filter}" if t.row_filter else ""
+        click.echo(f"  {t.schema}.{t.name}{cols}{where}  replica identity {t.replica_identity}")
+    for warning in info.warnings():
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+
+
+@publication.command("create")
+@click.argument("name")
+@_conninfo_option
+@_tables_option
+@click.option("--all-tables", is_flag=True, help="FOR ALL TABLES")
+@click.option("--publish", default=None, help="operations, e.g. 'insert,update,delete,truncate'")
+@click.option("--via-partition-root", is_flag=True, help="publish partitions as their root")
+@_user_errors
+def publication_create(
+    name: str,
+    conninfo: str,
+    tables: tuple[str, ...],
+    all_tables: bool,
+    publish: str | None,
+    via_partition_root: bool,
+) -> None:
+    """Create a publication."""
+    if all_tables == bool(tables):
+        raise click.UsageError("give either --all-tables or at least one --table")
+    info = publications.create_publication(
+        conninfo,
+        name,
+        None if all_tables else [publications.TableSpec.parse(t) for t in tables],
+        publish=publish.split(",") if publish else None,
+        via_partition_root=via_partition_root,
+    )
+    _print_publication(info)
+
+
+@publication.command("alter")
+@click.argument("name")
+@_conninfo_option
+@click.option("--add", multiple=True, metavar="SPEC", help="table to add (repeatable)")
+@click.option("--drop", multiple=True, metavar="TABLE", help="table to drop (repeatable)")
+@_user_errors
+def publication_alter(
+    name: str, conninfo: str, add: tuple[str, ...], drop: tuple[str, ...]
+) -> None:
+    """Add tables to a publication or drop them from it."""
+    info = publications.alter_publication(
+        conninfo, name, add=[publications.TableSpec.parse(t) for t in add], drop=drop
+    )
+    _print_publication(info)
+
+
+@publication.command("describe")
+@click.argument("name")
+@_conninfo_option
+@_user_errors
+def publication_describe(name: str, conninfo: str) -> None:
+    """Show a publication's tables, and warn about risky replica identities."""
+    _print_publication(publications.describe_publication(conninfo, name))
 
 
 @cli.command()

@@ -75,7 +75,7 @@ def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> Re
     detail = (result.error_field(field.MESSAGE_DETAIL) or b"").decode(errors="replace")
     hint = (result.error_field(field.MESSAGE_HINT) or b"").decode(errors="replace")
     if not primary:
-        primary = result.get_error_message().decode(errors="replace").strip() or "unknown error"
+        primary = result.get_error_message().strip() or "unknown error"
     text = f"{doing}: {primary}"
     if detail:
         text += f" ({detail})"
@@ -133,7 +133,7 @@ class ReplicationConnection:
         full = make_conninfo("", **params)
         pgconn = pq.PGconn.connect(full.encode())
         if pgconn.status != pq.ConnStatus.OK:
-            message = pgconn.get_error_message().decode(errors="replace").strip()
+            message = pgconn.get_error_message().strip()
             pgconn.finish()
             raise _connection_error(message, conninfo)
         return cls(pgconn, full)
@@ -159,7 +159,7 @@ class ReplicationConnection:
         status = result.status
         if status == _E.FATAL_ERROR:
             if self.pgconn.status != pq.ConnStatus.OK:
-                message = self.pgconn.get_error_message().decode(errors="replace").strip()
+                message = self.pgconn.get_error_message().strip()
                 raise ConnectionLost(f"{doing or command}: connection lost: {message}")
             raise error_from_result(result, doing or command)
         if status not in (_E.COMMAND_OK, _E.TUPLES_OK):
@@ -288,7 +288,7 @@ class ReplicationConnection:
         if error is not None:
             return error
         if self.pgconn.status != pq.ConnStatus.OK:
-            message = self.pgconn.get_error_message().decode(errors="replace").strip()
+            message = self.pgconn.get_error_message().strip()
             return ConnectionLost(f"replication connection lost: {message or 'server closed it'}")
         return StreamEnded("the server ended the replication stream (CopyDone)")
 

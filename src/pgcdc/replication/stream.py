@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from pgcdc.errors import PublicationNotFound
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -86,8 +87,28 @@ class LogicalStream:
         if self.until_idle and self.endpos is None:
             self.endpos = self.identity.xlogpos
         self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
+        self._check_publications()
         self.conn.start_replication(self.slot, self.start_lsn, self.options)
         self._last_status = time.monotonic()
+
+    def _check_publications(self) -> None:
+        """Fail before streaming if a publication is missing: PG18 would only warn and skip
+        it, and older servers fail only once the first change is decoded."""
+        names = ",".join("'" + n.replace("'", "''") + "'" for n in self.options.publication_names)
+        found = {
+            row[0]
+            for row in self.conn.execute(
+                f"SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN ({names})",
+                "checking publications",
+            )
+        }
+        missing = [n for n in self.options.publication_names if n not in found]
+        if missing:
+            database = self.identity.dbname if self.identity else "?"
+            raise PublicationNotFound(
+                f"publication {', '.join(map(repr, missing))} does not exist "
+                f"in database {database!r}"
+            )
 
     def confirm(self, lsn: Lsn) -> None:
         """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""

@@ -35,6 +35,8 @@ __all__ = [
     "CreatedSlot",
     "ReplicationConnection",
     "SystemIdentity",
+    "describe_error",
+    "error_class",
     "error_from_result",
 ]
 
@@ -67,41 +69,50 @@ class CreatedSlot:
     output_plugin: str
 
 
-def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> ReplicationError:
-    """The pgcdc error for a server ErrorResponse, chosen by SQLSTATE and message."""
-    field = pq.DiagnosticField
-    sqlstate = (result.error_field(field.SQLSTATE) or b"").decode()
-    primary = (result.error_field(field.MESSAGE_PRIMARY) or b"").decode(errors="replace")
-    detail = (result.error_field(field.MESSAGE_DETAIL) or b"").decode(errors="replace")
-    hint = (result.error_field(field.MESSAGE_HINT) or b"").decode(errors="replace")
-    if not primary:
-        primary = result.get_error_message().strip() or "unknown error"
+def error_class(sqlstate: str, primary: str) -> type[ReplicationError]:
+    """The pgcdc error class for a server error, chosen by SQLSTATE and primary message."""
+    lowered = primary.lower()
+    if sqlstate == "42704" and lowered.startswith("publication"):
+        return PublicationNotFound
+    if sqlstate == "42704" and "replication slot" in lowered:
+        return SlotNotFound
+    if sqlstate == "42710":
+        return SlotExists
+    if sqlstate == "55006":
+        return SlotInUse
+    if "wal_level" in lowered:
+        return ServerConfigurationError
+    if sqlstate == "55000" and ("invalidated" in lowered or "can no longer" in lowered):
+        return SlotInvalidated
+    if sqlstate == "42501" or sqlstate.startswith("28"):
+        return PermissionDenied
+    if sqlstate in ("22023", "0A000"):
+        return UnsupportedOption
+    if sqlstate.startswith(("57P", "08")):
+        return ConnectionLost
+    return ReplicationError
+
+
+def describe_error(doing: str, primary: str, detail: str | None, hint: str | None) -> str:
     text = f"{doing}: {primary}"
     if detail:
         text += f" ({detail})"
     if hint:
         text += f" Hint: {hint}"
-    cls: type[ReplicationError] = ReplicationError
-    lowered = primary.lower()
-    if sqlstate == "42704" and lowered.startswith("publication"):
-        cls = PublicationNotFound
-    elif sqlstate == "42704" and "replication slot" in lowered:
-        cls = SlotNotFound
-    elif sqlstate == "42710":
-        cls = SlotExists
-    elif sqlstate == "55006":
-        cls = SlotInUse
-    elif "wal_level" in lowered:
-        cls = ServerConfigurationError
-    elif sqlstate == "55000" and ("invalidated" in lowered or "can no longer" in lowered):
-        cls = SlotInvalidated
-    elif sqlstate.startswith("42501") or sqlstate.startswith("28"):
-        cls = PermissionDenied
-    elif sqlstate == "22023" or sqlstate == "0A000":
-        cls = UnsupportedOption
-    elif sqlstate.startswith("57P") or sqlstate.startswith("08"):
-        cls = ConnectionLost
-    return cls(text, sqlstate=sqlstate or None, lsn=lsn)
+    return text
+
+
+def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> ReplicationError:
+    """The pgcdc error for a server ErrorResponse."""
+    field = pq.DiagnosticField
+
+    def get(which: pq.DiagnosticField) -> str:
+        return (result.error_field(which) or b"").decode(errors="replace")
+
+    sqlstate = get(field.SQLSTATE)
+    primary = get(field.MESSAGE_PRIMARY) or result.get_error_message().strip() or "unknown error"
+    text = describe_error(doing, primary, get(field.MESSAGE_DETAIL), get(field.MESSAGE_HINT))
+    return error_class(sqlstate, primary)(text, sqlstate=sqlstate or None, lsn=lsn)
 
 
 def _connection_error(message: str, conninfo: str) -> ConnectionFailed | PermissionDenied:

@@ -93,28 +93,32 @@ class StreamOptions:
         origin = None if self.origin is None else OriginFilter(self.origin)
         return replace(self, proto_version=proto, streaming=streaming, origin=origin)
 
-    def command_options(self) -> str:
-        """The option list of START_REPLICATION ... LOGICAL X/Y (options), for negotiated options.
+    def option_pairs(self) -> list[tuple[str, str]]:
+        """pgoutput's options as (name, value) pairs, for negotiated options.
 
-        Only options that differ from pgoutput's defaults are sent, so the same command works on
-        servers that do not know them.
+        Only options that differ from pgoutput's defaults are included, so the same list works
+        on servers that do not know them.
         """
         assert self.proto_version is not None, "negotiate() first"
         names = ",".join(_quote_ident(name) for name in self.publication_names)
-        parts = [f"proto_version '{self.proto_version}'", f"publication_names {_literal(names)}"]
+        pairs = [("proto_version", str(self.proto_version)), ("publication_names", names)]
         if self.binary:
-            parts.append("binary 'true'")
+            pairs.append(("binary", "true"))
         if self.messages:
-            parts.append("messages 'true'")
+            pairs.append(("messages", "true"))
         if self.streaming is StreamingMode.ON:
-            parts.append("streaming 'true'")  # 'on' is PG16+ only; 'true' works on 14+
+            pairs.append(("streaming", "true"))  # 'on' is PG16+ only; 'true' works on 14+
         elif self.streaming is StreamingMode.PARALLEL:
-            parts.append("streaming 'parallel'")
+            pairs.append(("streaming", "parallel"))
         if self.two_phase:
-            parts.append("two_phase 'true'")
+            pairs.append(("two_phase", "true"))
         if self.origin is not None:
-            parts.append(f"origin '{self.origin.value}'")
-        return ", ".join(parts)
+            pairs.append(("origin", self.origin.value))
+        return pairs
+
+    def command_options(self) -> str:
+        """The option list of ``START_REPLICATION ... LOGICAL X/Y (options)``."""
+        return ", ".join(f"{name} {_literal(value)}" for name, value in self.option_pairs())
 
 
 def _quote_ident(name: str) -> str:

@@ -42,7 +42,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from pgcdc.errors import PgcdcError
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,6 +64,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 BINDIRS_ENV = "PGCDC_PG_BINDIRS"
 """os.pathsep-separated bin dirs; when set, *only* these installations are used."""
@@ -93,7 +96,7 @@ _OWNER_FILE = "owner.pid"
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ".s.PGSQL.NNNNN" must still fit
 
 
-class EmbeddedServerError(Exception):
+class EmbeddedServerError(PgcdcError):
     """An embedded server could not be found, initialised, started or stopped."""
 
 
@@ -231,9 +234,11 @@ def _server_os_user() -> _OsUser | None:
             raise EmbeddedServerError(f"{OS_USER_ENV}={wanted}: no such OS user") from None
     with contextlib.suppress(KeyError):
         return _os_user(pwd.getpwnam(DEFAULT_OS_USER))
-    problem = _create_system_user(DEFAULT_OS_USER)
-    with contextlib.suppress(KeyError):
-        return _os_user(pwd.getpwnam(DEFAULT_OS_USER))
+    problem = ""
+    for _attempt in range(2):  # a concurrent useradd may have made the group but not the user
+        problem = _create_system_user(DEFAULT_OS_USER)
+        with contextlib.suppress(KeyError):
+            return _os_user(pwd.getpwnam(DEFAULT_OS_USER))
     try:
         entry = pwd.getpwnam(FALLBACK_OS_USER)
     except KeyError:
@@ -316,7 +321,7 @@ def _child_env(home: Path | None) -> dict[str, str]:
 
 
 _COPIES: dict[tuple[Path, int], Path] = {}
-_COPY_ROOTS: list[Path] = []
+_COPY_ROOTS: list[tuple[int, Path]] = []  # (creating pid, dir)
 
 
 def _reachable_bindir(bindir: Path, user: _OsUser | None, tmp_parent: Path) -> Path:
@@ -365,7 +370,7 @@ def _copy_installation(bindir: Path, tmp_parent: Path) -> Path:
     if libs.is_dir():
         items.append(libs)
     root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}pginstall-", dir=tmp_parent))
-    _COPY_ROOTS.append(root)
+    _COPY_ROOTS.append((os.getpid(), root))
     (root / _OWNER_FILE).write_text(f"{os.getpid()}\n")
     for item in items:
         dest = root / item.relative_to(anchor)
@@ -404,8 +409,9 @@ def _shutdown_all() -> None:
         instances = list(_LIVE.values())
     for inst in instances:
         inst.shutdown("fast")
-    for root in _COPY_ROOTS:
-        shutil.rmtree(root, ignore_errors=True)
+    for pid, root in _COPY_ROOTS:
+        if pid == os.getpid():  # a forked child leaves its parent's copies alone
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -444,7 +450,8 @@ def _load_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
     except (OSError, AttributeError):
         return None
 
@@ -513,6 +520,7 @@ class _Instance:
     base: Path
     extra_dirs: list[Path] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    owner_pid: int = field(default_factory=os.getpid)
 
     def stop_postmaster(self, mode: str = "fast", timeout: float = 60) -> None:
         proc, self.proc = self.proc, None
@@ -530,7 +538,11 @@ class _Instance:
                 proc.wait()
 
     def shutdown(self, mode: str = "fast") -> None:
-        """Stop the server and remove every temp dir; idempotent, never raises."""
+        """Stop the server and remove every temp dir; idempotent, never raises.
+
+        A forked child (its atexit, its garbage collector) leaves the parent's server alone."""
+        if os.getpid() != self.owner_pid:
+            return
         try:
             self.stop_postmaster(mode)
         except Exception:  # cleanup must go on
@@ -665,7 +677,8 @@ class EmbeddedServer:
         state = f"port={self._port}" if self.running else "stopped"
         return f"<EmbeddedServer PostgreSQL {self.version_string} {state}>"
 
-    def _require(self, value: Any, what: str) -> Any:
+    @staticmethod
+    def _require(value: _T | None, what: str) -> _T:
         if value is None:
             raise EmbeddedServerError(f"{what}: the server has not been started")
         return value
@@ -786,7 +799,7 @@ class EmbeddedServer:
             f.write("\n# pgcdc.embedded\ninclude 'pgcdc.conf'\n")
 
     def _inst_required(self) -> _Instance:
-        return self._require(self._inst, "instance")  # type: ignore[no-any-return]
+        return self._require(self._inst, "instance")
 
     def _check_writable(self, base: Path, user: _OsUser) -> None:
         res = _run_as(["test", "-w", base, "-a", "-x", base], user, timeout=30)

@@ -81,7 +81,7 @@ def _relation(m: Relation) -> bytes:
         struct.pack(">I", m.relid),
         _cstring(m.namespace),
         _cstring(m.relname),
-        struct.pack(">cH", m.replica_identity.encode(), len(m.columns)),
+        struct.pack(">cH", m.replica_identity.encode("latin-1"), len(m.columns)),
     ]
     for column in m.columns:
         parts.append(bytes((column.flags,)))

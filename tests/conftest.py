@@ -1,0 +1,109 @@
+"""Shared fixtures: real PostgreSQL servers, one per major version, started on first use.
+
+`pg_server` is parametrized over PostgreSQL 15, 16 and 18 (ids `pg15`, `pg16`, `pg18`); a version
+that is not installed skips its tests and is named in the terminal summary.
+`PGCDC_TEST_PG_VERSIONS=16,18` narrows the matrix. `pg` gives each test a fresh database.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from pgcdc.embedded import (
+    Database,
+    EmbeddedServer,
+    EmbeddedServerError,
+    available_versions,
+    install_hint,
+)
+
+PG_VERSIONS = (15, 16, 18)
+SERVER_FIXTURES = {"pg_server", "pg"}
+
+_skipped_versions: dict[int, str] = {}
+_started: dict[int, str] = {}
+
+
+def _selected_versions() -> set[int] | None:
+    raw = os.environ.get("PGCDC_TEST_PG_VERSIONS", "").strip()
+    return {int(v) for v in raw.replace(",", " ").split()} if raw else None
+
+
+class ServerPool:
+    """One server per major version, started lazily and kept for the whole session, so that
+    pytest switching between parameters never restarts a server."""
+
+    def __init__(self) -> None:
+        self._servers: dict[int, EmbeddedServer] = {}
+        self._failures: dict[int, EmbeddedServerError] = {}
+
+    def get(self, version: int) -> EmbeddedServer:
+        if version in self._failures:  # fail fast, once per test, with the original message
+            raise self._failures[version]
+        if version not in self._servers:
+            try:
+                server = EmbeddedServer(version).start()
+            except EmbeddedServerError as exc:
+                self._failures[version] = exc
+                raise
+            self._servers[version] = server
+            _started[version] = f"{server.version_string} ({server.bindir})"
+        return self._servers[version]
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.stop()
+        self._servers.clear()
+
+
+@pytest.fixture(scope="session")
+def pg_pool() -> Iterator[ServerPool]:
+    pool = ServerPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session", params=PG_VERSIONS, ids=[f"pg{v}" for v in PG_VERSIONS])
+def pg_server(request: pytest.FixtureRequest, pg_pool: ServerPool) -> EmbeddedServer:
+    """A running server of one major version, shared by the whole session (do not stop it)."""
+    version: int = request.param
+    selected = _selected_versions()
+    if selected is not None and version not in selected:
+        pytest.skip(f"PostgreSQL {version} not selected by PGCDC_TEST_PG_VERSIONS")
+    if version not in available_versions():
+        hint = install_hint(version)
+        _skipped_versions[version] = hint
+        pytest.skip(f"PostgreSQL {version} not installed: {hint}")
+    return pg_pool.get(version)
+
+
+@pytest.fixture
+def pg(pg_server: EmbeddedServer) -> Iterator[Database]:
+    """A fresh database `t_<random>` on `pg_server`, dropped afterwards (with its replication
+    slots, prepared transactions and connections)."""
+    db = pg_server.create_database()
+    try:
+        yield db
+    finally:
+        db.drop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not (_started or _skipped_versions):
+        return
+    terminalreporter.section("PostgreSQL servers")
+    for version, desc in sorted(_started.items()):
+        terminalreporter.write_line(f"PostgreSQL {version}: tested with {desc}")
+    for version, hint in sorted(_skipped_versions.items()):
+        terminalreporter.write_line(
+            f"PostgreSQL {version}: SKIPPED, not installed ({hint})", yellow=True
+        )

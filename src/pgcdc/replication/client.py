@@ -166,20 +166,29 @@ class ReplicationClient:
         """Stream's messages minus transactions that end at or before `resume_lsn`."""
         resume = self.resume_lsn
         skipping = False
-        for frame, message in stream:
+        for item in stream:
+            kind = type(item[1])
             if skipping:
-                skipping = not isinstance(message, Commit | Prepare)
+                skipping = kind is not Commit and kind is not Prepare
                 continue
-            if isinstance(message, Begin) and message.final_lsn < resume:
-                skipping = True
+            if kind in _BOUNDARIES and _already_delivered(item[1], resume):
+                skipping = kind is Begin or kind is BeginPrepare
                 continue
-            if isinstance(message, BeginPrepare) and message.prepare_lsn < resume:
-                skipping = True
-                continue
-            if isinstance(message, CommitPrepared) and message.end_lsn <= resume:
-                continue
-            if isinstance(message, RollbackPrepared) and message.rollback_end_lsn <= resume:
-                continue
-            yield frame, message
+            yield item
             if self._stop:
                 return
+
+
+_BOUNDARIES = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared})
+
+
+def _already_delivered(message: PgoutputMessage, resume: Lsn) -> bool:
+    """A transaction (or a prepared one's finish) that ended at or before `resume`."""
+    if isinstance(message, Begin):
+        return message.final_lsn < resume
+    if isinstance(message, BeginPrepare):
+        return message.prepare_lsn < resume
+    if isinstance(message, CommitPrepared):
+        return message.end_lsn <= resume
+    assert isinstance(message, RollbackPrepared)
+    return message.rollback_end_lsn <= resume

@@ -282,9 +282,7 @@ class ReplicationConnection:
             if nbytes == 0:
                 return None
         if nbytes > 0:
-            return (
-                data.obj if isinstance(data.obj, bytes) and len(data.obj) == nbytes else bytes(data)
-            )
+            return bytes(data)
         self._in_copy = False
         raise self._stream_end_error()
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 __all__ = ["INVALID_LSN", "PG_EPOCH", "Lsn", "datetime_to_pg_timestamp", "pg_timestamp_to_datetime"]
 
-_LSN_RE = re.compile(r"\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*")
+_LSN_RE = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
 _MAX = (1 << 64) - 1
 
 

@@ -29,6 +29,7 @@ from pgcdc.errors import (
 )
 from pgcdc.protocol import Lsn
 from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.quoting import identifier, literal
 
 __all__ = [
     "DEFAULT_SESSION_SETTINGS",
@@ -144,7 +145,7 @@ class ReplicationConnection:
         full = make_conninfo("", **params)
         pgconn = pq.PGconn.connect(full.encode())
         if pgconn.status != pq.ConnStatus.OK:
-            message = pgconn.get_error_message().strip()
+            message = _one_line(pgconn.get_error_message())
             pgconn.finish()
             raise _connection_error(message, conninfo)
         return cls(pgconn, full)
@@ -170,7 +171,7 @@ class ReplicationConnection:
         status = result.status
         if status == _E.FATAL_ERROR:
             if self.pgconn.status != pq.ConnStatus.OK:
-                message = self.pgconn.get_error_message().strip()
+                message = _one_line(self.pgconn.get_error_message())
                 raise ConnectionLost(f"{doing or command}: connection lost: {message}")
             raise error_from_result(result, doing or command)
         if status not in (_E.COMMAND_OK, _E.TUPLES_OK):
@@ -191,8 +192,7 @@ class ReplicationConnection:
     def apply_settings(self, settings: dict[str, str]) -> None:
         """SET session GUCs; the walsender runs output functions with these (text values)."""
         for name, value in settings.items():
-            literal = "'" + value.replace("'", "''") + "'"
-            self.execute(f"SET {name} = {literal}", f"setting {name}")
+            self.execute(f"SET {name} = {literal(value)}", f"setting {name}")
 
     def create_slot(
         self,
@@ -220,8 +220,8 @@ class ReplicationConnection:
             )
         if failover and temporary:
             raise UnsupportedOption("a temporary slot cannot be a failover slot")
-        head = f"CREATE_REPLICATION_SLOT {_ident(name)} {'TEMPORARY ' if temporary else ''}"
-        head += f"LOGICAL {_ident(plugin)}"
+        head = f"CREATE_REPLICATION_SLOT {identifier(name)} {'TEMPORARY ' if temporary else ''}"
+        head += f"LOGICAL {identifier(plugin)}"
         if major >= 15:
             opts = [f"SNAPSHOT '{snapshot}'"]
             if two_phase:
@@ -239,7 +239,7 @@ class ReplicationConnection:
         return CreatedSlot(slot_name, Lsn.parse(point), snapshot_name, output_plugin or plugin)
 
     def drop_slot(self, name: str, *, wait: bool = False) -> None:
-        command = f"DROP_REPLICATION_SLOT {_ident(name)}{' WAIT' if wait else ''}"
+        command = f"DROP_REPLICATION_SLOT {identifier(name)}{' WAIT' if wait else ''}"
         self.execute(command, f"dropping replication slot {name!r}")
 
     # -- CopyBoth --------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class ReplicationConnection:
     def start_replication(self, slot: str, start_lsn: Lsn, options: StreamOptions) -> None:
         """START_REPLICATION for negotiated `options`; on success the session is in CopyBoth."""
         command = (
-            f"START_REPLICATION SLOT {_ident(slot)} LOGICAL {Lsn(start_lsn)} "
+            f"START_REPLICATION SLOT {identifier(slot)} LOGICAL {Lsn(start_lsn)} "
             f"({options.command_options()})"
         )
         result = self.pgconn.exec_(command.encode())
@@ -287,18 +287,27 @@ class ReplicationConnection:
         raise self._stream_end_error()
 
     def _stream_end_error(self) -> ReplicationError:
-        """The reason the server ended CopyBoth (CopyDone, ErrorResponse, or EOF)."""
+        """The reason the server ended CopyBoth (CopyDone, ErrorResponse, or EOF).
+
+        An error libpq made up itself (no SQLSTATE: "server closed the connection
+        unexpectedly") means the connection broke, e.g. a server shutdown or restart.
+        """
         error: ReplicationError | None = None
         while (result := self.pgconn.get_result()) is not None:
-            if result.status == _E.FATAL_ERROR and error is None:
+            if result.status != _E.FATAL_ERROR or error is not None:
+                continue
+            if result.error_field(pq.DiagnosticField.SQLSTATE) is None:
+                message = _one_line(result.get_error_message())
+                error = ConnectionLost(f"replication connection lost: {message}")
+            else:
                 error = error_from_result(result, "replication stream ended")
                 if type(error) is ReplicationError:
                     error = StreamEnded(str(error), sqlstate=error.sqlstate)
         if error is not None:
             return error
         if self.pgconn.status != pq.ConnStatus.OK:
-            message = self.pgconn.get_error_message().strip()
-            return ConnectionLost(f"replication connection lost: {message or 'server closed it'}")
+            message = _one_line(self.pgconn.get_error_message()) or "server closed it"
+            return ConnectionLost(f"replication connection lost: {message}")
         return StreamEnded("the server ended the replication stream (CopyDone)")
 
     def send_copy_data(self, data: bytes) -> None:
@@ -327,8 +336,9 @@ class ReplicationConnection:
             raise ConnectionLost(f"ending the replication stream: {_first_line(exc)}") from None
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _one_line(text: str) -> str:
+    """libpq's multi-line messages as one line."""
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
 def _first_line(exc: BaseException) -> str:

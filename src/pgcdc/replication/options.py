@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from pgcdc.errors import UnsupportedOption
 from pgcdc.protocol import MAX_PROTO_VERSION, StreamingMode
+from pgcdc.replication.quoting import literal, option_identifier
 
 __all__ = ["OriginFilter", "StreamOptions", "max_proto_version"]
 
@@ -100,7 +101,7 @@ class StreamOptions:
         on servers that do not know them.
         """
         assert self.proto_version is not None, "negotiate() first"
-        names = ",".join(_quote_ident(name) for name in self.publication_names)
+        names = ",".join(option_identifier(name) for name in self.publication_names)
         pairs = [("proto_version", str(self.proto_version)), ("publication_names", names)]
         if self.binary:
             pairs.append(("binary", "true"))
@@ -118,15 +119,4 @@ class StreamOptions:
 
     def command_options(self) -> str:
         """The option list of ``START_REPLICATION ... LOGICAL X/Y (options)``."""
-        return ", ".join(f"{name} {_literal(value)}" for name, value in self.option_pairs())
-
-
-def _quote_ident(name: str) -> str:
-    """Quote like SQL identifiers, as publication_names is parsed with SplitIdentifierString."""
-    if name and name == name.lower() and name.replace("_", "a").isalnum() and not name[0].isdigit():
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+        return ", ".join(f"{name} {literal(value)}" for name, value in self.option_pairs())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from pgcdc.errors import PublicationNotFound
+from pgcdc.errors import PublicationNotFound, UnsupportedOption
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -31,6 +31,7 @@ from pgcdc.replication.connection import (
 )
 from pgcdc.replication.feedback import AckTracker
 from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.quoting import literal
 
 __all__ = ["LogicalStream", "now_pg_timestamp"]
 
@@ -87,14 +88,19 @@ class LogicalStream:
         if self.until_idle and self.endpos is None:
             self.endpos = self.identity.xlogpos
         self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
-        self._check_publications()
+        self._check_session()
         self.conn.start_replication(self.slot, self.start_lsn, self.options)
         self._last_status = time.monotonic()
 
-    def _check_publications(self) -> None:
-        """Fail before streaming if a publication is missing: PG18 would only warn and skip
-        it, and older servers fail only once the first change is decoded."""
-        names = ",".join("'" + n.replace("'", "''") + "'" for n in self.options.publication_names)
+    def _check_session(self) -> None:
+        """Refuse, before streaming, what would otherwise fail later or silently.
+
+        A missing publication: PG18 only warns and skips it, older servers fail once the
+        first change is decoded. A two-phase slot: the server decodes prepared transactions
+        at PREPARE whatever the session asks, and a session below proto_version 3 cannot
+        carry them.
+        """
+        names = ",".join(literal(n) for n in self.options.publication_names)
         found = {
             row[0]
             for row in self.conn.execute(
@@ -109,6 +115,18 @@ class LogicalStream:
                 f"publication {', '.join(map(repr, missing))} does not exist "
                 f"in database {database!r}"
             )
+        proto = self.options.proto_version or 1
+        if self.conn.server_version >= 140000 and proto < 3:
+            rows = self.conn.execute(
+                "SELECT two_phase FROM pg_catalog.pg_replication_slots "
+                f"WHERE slot_name = {literal(self.slot)}",
+                "checking the slot",
+            )
+            if rows and rows[0][0] == "t":
+                raise UnsupportedOption(
+                    f"slot {self.slot!r} decodes prepared transactions (two-phase), which "
+                    f"needs proto_version 3 or higher; {proto} was requested"
+                )
 
     def confirm(self, lsn: Lsn) -> None:
         """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""

@@ -84,8 +84,14 @@ class ReplicationClient:
         self.stream.confirm(lsn)
 
     def stop(self) -> None:
-        """Finish after the current message; the iterator then reports the final position."""
+        """End iteration after the current message, or within a second when idle.
+
+        Safe to call from another thread or a signal handler; leaving the client's context
+        then reports the final position.
+        """
         self._stop = True
+        if self.stream is not None:
+            self.stream.stop_requested = True
 
     def _open(self) -> LogicalStream:
         conn = ReplicationConnection.connect(self.conninfo)

@@ -36,6 +36,7 @@ __all__ = [
     "CreatedSlot",
     "ReplicationConnection",
     "SystemIdentity",
+    "connection_error",
     "describe_error",
     "error_class",
     "error_from_result",
@@ -116,7 +117,9 @@ def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> Re
     return error_class(sqlstate, primary)(text, sqlstate=sqlstate or None, lsn=lsn)
 
 
-def _connection_error(message: str, conninfo: str) -> ConnectionFailed | PermissionDenied:
+def connection_error(message: str, conninfo: str) -> ConnectionFailed | PermissionDenied:
+    """The error for a failed connection attempt, in one line, naming the address."""
+    message = _one_line(message)
     params = conninfo_to_dict(conninfo)
     where = f"{params.get('host', 'local socket')}:{params.get('port', '5432')}"
     lowered = message.lower()
@@ -147,7 +150,7 @@ class ReplicationConnection:
         if pgconn.status != pq.ConnStatus.OK:
             message = _one_line(pgconn.get_error_message())
             pgconn.finish()
-            raise _connection_error(message, conninfo)
+            raise connection_error(message, conninfo)
         return cls(pgconn, full)
 
     @property

@@ -7,6 +7,7 @@ learned from `describe` than from a failing application or a history table missi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -66,8 +67,93 @@ class PublishedTable:
     name: str
     replica_identity: str
     has_primary_key: bool
+    #: The publication's column list, None when it publishes every column.
     columns: tuple[str, ...] | None = None
     row_filter: str | None = None
+    #: Columns of the replica identity (all columns under FULL, none under NOTHING).
+    identity_columns: tuple[str, ...] = ()
+
+    def problems(self, publishes: tuple[str, ...]) -> list[str]:
+        """Why UPDATE/DELETE on this table would fail or lose old values while published."""
+        if not {"update", "delete"} & set(publishes):
+            return []
+        ops = " and ".join(op.upper() for op in ("update", "delete") if op in publishes)
+        if self.replica_identity == "n" or not self.identity_columns:
+            why = "REPLICA IDENTITY NOTHING" if self.replica_identity == "n" else "no primary key"
+            return [
+                f"{why}, so {ops} on it will fail while it is published; "
+                "add a primary key or ALTER TABLE ... REPLICA IDENTITY FULL"
+            ]
+        identity = set(self.identity_columns)
+        out = []
+        if self.columns is not None and not identity <= set(self.columns):
+            missing = ", ".join(sorted(identity - set(self.columns)))
+            out.append(
+                f"the column list leaves out replica identity column(s) {missing}, "
+                f"so {ops} on it will fail"
+            )
+        if self.row_filter and self.replica_identity != "f":
+            outside = [c for c in _referenced_columns(self.row_filter) if c not in identity]
+            if outside:
+                out.append(
+                    f"the row filter uses {', '.join(outside)}, outside the replica identity, "
+                    f"so {ops} on it will fail; use REPLICA IDENTITY FULL"
+                )
+        if not out and self.replica_identity in "di":
+            kind = "DEFAULT" if self.replica_identity == "d" else "USING INDEX"
+            out.append(
+                f"REPLICA IDENTITY {kind} sends only the key of old rows; "
+                "use REPLICA IDENTITY FULL to keep old values"
+            )
+        return out
+
+
+def _referenced_columns(expression: str) -> list[str]:
+    """Column names in a deparsed row filter (pg_get_expr output): identifiers not followed by
+    '(' (functions) and not keywords or quoted constants."""
+    without_strings = re.sub(r"'(?:[^']|'')*'", "", expression)
+    names = re.findall(r'"((?:[^"]|"")+)"|\b([a-z_][a-z0-9_$]*)\b(?!\s*\()', without_strings)
+    keywords = {
+        "and",
+        "or",
+        "not",
+        "is",
+        "null",
+        "true",
+        "false",
+        "in",
+        "like",
+        "ilike",
+        "between",
+        "any",
+        "all",
+        "some",
+        "text",
+        "integer",
+        "bigint",
+        "numeric",
+        "boolean",
+        "date",
+        "timestamp",
+        "with",
+        "time",
+        "zone",
+        "without",
+        "varying",
+        "character",
+        "distinct",
+        "from",
+        "similar",
+        "to",
+        "escape",
+        "collate",
+    }
+    found = []
+    for quoted, bare in names:
+        name = quoted.replace('""', '"') if quoted else bare
+        if (quoted or name not in keywords) and name not in found:
+            found.append(name)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +166,11 @@ class PublicationInfo:
 
     def warnings(self) -> list[str]:
         """Tables whose replica identity makes updates/deletes fail or lose old values."""
-        changes_old_rows = {"update", "delete"} & set(self.publishes)
-        out = []
-        for t in self.tables:
-            qualified = f"{t.schema}.{t.name}"
-            ops = " and ".join(sorted(changes_old_rows, reverse=True)).upper()
-            no_identity = t.replica_identity == "n" or (
-                t.replica_identity == "d" and not t.has_primary_key
-            )
-            if changes_old_rows and no_identity:
-                why = "REPLICA IDENTITY NOTHING" if t.replica_identity == "n" else "no primary key"
-                out.append(
-                    f"{qualified}: {why}, so {ops} on it will fail while it is published; "
-                    "add a primary key or ALTER TABLE ... REPLICA IDENTITY FULL"
-                )
-            elif changes_old_rows and t.replica_identity in "di":
-                identity = "DEFAULT" if t.replica_identity == "d" else "USING INDEX"
-                out.append(
-                    f"{qualified}: REPLICA IDENTITY {identity} sends only the key of old rows; "
-                    "use REPLICA IDENTITY FULL to keep old values"
-                )
-        return out
+        return [
+            f"{t.schema}.{t.name}: {problem}"
+            for t in self.tables
+            for problem in t.problems(self.publishes)
+        ]
 
 
 def create_publication(
@@ -183,21 +253,49 @@ def describe_publication(conninfo: str, name: str) -> PublicationInfo:
             for op, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc))
             if on
         )
-        extra = ", pt.attnames, pt.rowfilter" if version >= 150000 else ", NULL, NULL"
         rows = conn.execute(
-            f"""SELECT pt.schemaname, pt.tablename, c.relreplident,
-                       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
-                       {extra}
+            f"""SELECT n.nspname, c.relname, c.relreplident,
+                       EXISTS (SELECT 1 FROM pg_index i
+                               WHERE i.indrelid = c.oid AND i.indisprimary),
+                       {_COLUMN_LIST if version >= 150000 else "NULL"},
+                       {_ROW_FILTER if version >= 150000 else "NULL"},
+                       {_IDENTITY_COLUMNS}
                 FROM pg_publication_tables pt
                 JOIN pg_namespace n ON n.nspname = pt.schemaname
                 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+                JOIN pg_publication p ON p.pubname = pt.pubname
                 WHERE pt.pubname = %s ORDER BY 1, 2""",
             (name,),
         ).fetchall()
     tables = [
         PublishedTable(
-            schema, table, identity, has_pk, tuple(cols) if cols is not None else None, row_filter
+            schema,
+            table,
+            identity,
+            has_pk,
+            None if cols is None else tuple(cols),
+            row_filter,
+            tuple(identity_cols or ()),
         )
-        for schema, table, identity, has_pk, cols, row_filter in rows
+        for schema, table, identity, has_pk, cols, row_filter, identity_cols in rows
     ]
     return PublicationInfo(name, all_tables, publishes, via_root, tables)
+
+
+# An explicit column list (pg_publication_rel.prattrs is NULL without one).
+_COLUMN_LIST = """(SELECT array_agg(a.attname ORDER BY a.attnum)
+        FROM pg_publication_rel pr JOIN pg_attribute a
+          ON a.attrelid = pr.prrelid AND a.attnum = ANY (pr.prattrs)
+        WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid)"""
+_ROW_FILTER = """(SELECT pg_get_expr(pr.prqual, pr.prrelid) FROM pg_publication_rel pr
+        WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid)"""
+_IDENTITY_COLUMNS = """CASE c.relreplident
+        WHEN 'f' THEN (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
+                       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+        WHEN 'n' THEN NULL
+        ELSE (SELECT array_agg(a.attname ORDER BY a.attnum)
+              FROM pg_index i JOIN pg_attribute a
+                ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey)
+              WHERE i.indrelid = c.oid
+                AND (CASE c.relreplident WHEN 'd' THEN i.indisprimary ELSE i.indisreplident END))
+        END"""

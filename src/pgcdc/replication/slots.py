@@ -12,9 +12,9 @@ from datetime import datetime
 
 import psycopg
 
-from pgcdc.errors import ConnectionFailed, SlotNotFound
+from pgcdc.errors import SlotNotFound
 from pgcdc.protocol import Lsn
-from pgcdc.replication.connection import CreatedSlot, ReplicationConnection
+from pgcdc.replication.connection import CreatedSlot, ReplicationConnection, connection_error
 
 __all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "list_slots"]
 
@@ -24,8 +24,7 @@ def connect_sql(conninfo: str) -> psycopg.Connection:
     try:
         return psycopg.connect(conninfo, autocommit=True, application_name="pgcdc")
     except psycopg.OperationalError as exc:
-        message = (str(exc).strip().splitlines() or ["connection failed"])[-1]
-        raise ConnectionFailed(f"cannot connect to PostgreSQL: {message}") from None
+        raise connection_error(str(exc), conninfo) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,8 @@ class LogicalStream:
         self._last_status = 0.0
         self._sent_flush = INVALID_LSN
         self._stopped = False
+        #: Set (from any thread) to end iteration at the next message or within a second.
+        self.stop_requested = False
 
     def start(self) -> None:
         self.identity = self.conn.identify_system()
@@ -159,13 +161,14 @@ class LogicalStream:
         if self.endpos is not None and tracker.idle and self._past_endpos(self.start_lsn):
             return
         pinged = False
-        while not self._stopped:
+        while not self._stopped and not self.stop_requested:
             now = time.monotonic()
             wait = self._last_status + self.status_interval - now
             if wait <= 0:
                 self.send_status()
                 wait = self.status_interval
-            data = read(min(wait, 1.0) if self.endpos is not None else wait)
+            # Wake at least once a second: to see endpos, stop requests and the status timer.
+            data = read(min(wait, 1.0))
             if data is None:
                 if self.endpos is not None and not pinged:
                     # Ask for a keepalive: it tells where the walsender is once it is idle.

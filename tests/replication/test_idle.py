@@ -1,0 +1,155 @@
+"""WAL with nothing published in it must not pile up behind a tailing client's slot.
+
+PG15+ skips empty transactions, so a client whose publication sees no changes receives only
+keepalives. It may acknowledge their walEnd while no transaction is open (reference §8); if it
+did not, the slot's confirmed_flush_lsn (and restart_lsn, hence the retained WAL) would stay put.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from pgcdc.embedded import Database
+from pgcdc.protocol import Lsn
+from pgcdc.replication import ReplicationConnection
+
+from .helpers import (
+    PGCDC,
+    TailThread,
+    confirmed_flush,
+    current_wal_lsn,
+    slot_row,
+    spawn,
+    wait_active,
+    wait_for,
+)
+
+SENTINEL = -1
+
+
+def setup_db(db: Database) -> str:
+    db.execute(
+        """CREATE TABLE a (id int PRIMARY KEY);
+           CREATE TABLE b (id serial PRIMARY KEY, v text);
+           CREATE PUBLICATION pub_a FOR TABLE a;"""
+    )
+    slot = f"{db.dbname}_idle"
+    with ReplicationConnection.connect(db.dsn) as conn:
+        conn.create_slot(slot)
+    return slot
+
+
+@contextmanager
+def tailing(db: Database, slot: str) -> Iterator[TailThread]:
+    """A client (status every 0.5 s) that confirms every end LSN it is handed; on exit it is
+    stopped by a sentinel row and must have received nothing else."""
+    tail = TailThread(db.dsn, slot, "pub_a", status_interval=0.5)
+    tail.start()
+    try:
+        wait_active(db, slot)
+        yield tail
+    finally:
+        tail.finish(lambda: db.execute("INSERT INTO a VALUES (%s)", (SENTINEL,)))
+    assert tail.collector.transactions == [(("I", "a", (str(SENTINEL),)),)]
+
+
+def test_unpublished_workload_does_not_pile_up(pg: Database) -> None:
+    slot = setup_db(pg)
+    stop = threading.Event()
+    committed = [0]
+
+    def workload() -> None:
+        with pg.connect() as conn:
+            while not stop.is_set():
+                conn.execute("INSERT INTO b (v) VALUES (repeat('w', 200))")
+                committed[0] += 1
+                time.sleep(0.005)
+
+    with tailing(pg, slot):
+        writer = threading.Thread(target=workload, name="workload", daemon=True)
+        writer.start()
+        try:
+            samples: list[tuple[Lsn, Lsn]] = []
+            for _ in range(5):
+                time.sleep(1.0)
+                samples.append((confirmed_flush(pg, slot), current_wal_lsn(pg)))
+        finally:
+            stop.set()
+            writer.join(10)
+        assert committed[0] > 100, "the workload hardly ran"
+        confirmed = [c for c, _ in samples]
+        assert all(b > a for a, b in itertools.pairwise(confirmed)), (
+            f"confirmed_flush_lsn did not advance at every sample: {[str(c) for c in confirmed]}"
+        )
+        for flushed, current in samples:
+            assert flushed <= current, "confirmed past the server's WAL position"
+            assert current - flushed < 4 * 1024 * 1024, f"{current - flushed} bytes behind"
+
+        # Once the workload stops, the slot catches up with the WAL completely ...
+        target = current_wal_lsn(pg)
+        wait_for(
+            lambda: confirmed_flush(pg, slot) >= target,
+            timeout=15,
+            what=f"confirmed_flush_lsn to reach {target}",
+        )
+        # ... and its restart_lsn, which decides what WAL is kept, moves too (a checkpoint
+        # logs the running-xacts record the decoder needs for a new restart point).
+        before = slot_row(pg, slot)
+        assert before is not None
+
+        def restart_moved() -> bool:
+            pg.execute("CHECKPOINT")
+            row = slot_row(pg, slot)
+            return bool(row and row["restart_lsn"] > before["restart_lsn"])
+
+        wait_for(restart_moved, timeout=20, interval=0.5, what="restart_lsn to advance")
+
+
+@pytest.mark.parametrize("via", ["api", "cli"])
+def test_idle_client_confirms_up_to_current_wal(pg: Database, via: str) -> None:
+    slot = setup_db(pg)
+    # WAL the publication does not cover, written after the slot was created.
+    pg.execute("INSERT INTO b (v) SELECT repeat('x', 100) FROM generate_series(1, 500)")
+    pg.execute("CREATE TABLE c (id int)")
+
+    def reaches_current() -> None:
+        target = current_wal_lsn(pg)
+        start = confirmed_flush(pg, slot)
+        assert start < target, "precondition: the slot starts behind the WAL"
+        wait_for(
+            lambda: confirmed_flush(pg, slot) >= target,
+            timeout=15,
+            what=f"confirmed_flush_lsn to reach pg_current_wal_lsn() {target} (from {start})",
+        )
+
+    if via == "api":
+        with tailing(pg, slot):
+            reaches_current()
+        return
+    args = [PGCDC, "tail", "-d", pg.dsn, "-S", slot, "--publication", "pub_a", "-s", "0.5"]
+    with spawn(args) as tail:
+        wait_active(pg, slot)
+        reaches_current()
+        assert tail.running(), tail.stderr
+        pg.execute("INSERT INTO a VALUES (42)")
+        wait_for(lambda: "id='42'" in tail.stdout, timeout=15, what="the insert in tail's output")
+        assert "Traceback" not in tail.stderr
+
+
+def test_stop_ends_an_idle_client(pg: Database) -> None:
+    slot = setup_db(pg)
+    tail = TailThread(pg.dsn, slot, "pub_a", status_interval=0.5)
+    tail.start()
+    try:
+        wait_active(pg, slot)
+        tail.client.stop()  # e.g. from a signal handler or a supervising thread
+        tail.join(5)
+        assert not tail.is_alive(), "stop() did not end an idle client within 5 s"
+    finally:
+        tail.finish(lambda: pg.execute("INSERT INTO a VALUES (%s)", (SENTINEL,)))

@@ -16,7 +16,7 @@ from pgcdc.errors import SlotNotFound
 from pgcdc.protocol import Lsn
 from pgcdc.replication.connection import CreatedSlot, ReplicationConnection, connection_error
 
-__all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "list_slots"]
+__all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "get_slot", "list_slots"]
 
 
 def connect_sql(conninfo: str) -> psycopg.Connection:

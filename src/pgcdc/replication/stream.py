@@ -80,7 +80,6 @@ class LogicalStream:
         self.decoder = Decoder(self.options.proto_version, self.options.streaming)
         self.identity: SystemIdentity | None = None
         self._last_status = 0.0
-        self._sent_flush = INVALID_LSN
         self._stopped = False
         #: Set (from any thread) to end iteration at the next message or within a second.
         self.stop_requested = False
@@ -146,7 +145,6 @@ class LogicalStream:
             tracker.write_lsn, flush, flush, now_pg_timestamp(), reply_requested
         )
         self.conn.send_copy_data(encode_frame(update))
-        self._sent_flush = flush
         self._last_status = time.monotonic()
 
     def _past_endpos(self, lsn: Lsn) -> bool:

@@ -71,17 +71,20 @@ class LsnType(click.ParamType):
 LSN = LsnType()
 
 
+_conninfo_option = click.option(
+    "-d",
+    "--dbname",
+    "conninfo",
+    default="",
+    metavar="CONNINFO",
+    help="libpq connection string or URI (PG* environment variables apply)",
+)
+
+
 def _stream_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The connection and stream flags shared by `tail` and `record`."""
     decorators = [
-        click.option(
-            "-d",
-            "--dbname",
-            "conninfo",
-            default="",
-            metavar="CONNINFO",
-            help="libpq connection string or URI (PG* environment variables apply)",
-        ),
+        _conninfo_option,
         click.option("-S", "--slot", required=True, help="replication slot name"),
         click.option(
             "--publication",
@@ -311,16 +314,6 @@ def decode(capture: Path, fmt: str, keepalives: bool) -> None:
                 click.echo(json.dumps(line, ensure_ascii=False))
             else:
                 click.echo(message_text(message, frame.data_start, decoder.relations))
-
-
-_conninfo_option = click.option(
-    "-d",
-    "--dbname",
-    "conninfo",
-    default="",
-    metavar="CONNINFO",
-    help="libpq connection string or URI (PG* environment variables apply)",
-)
 
 
 @cli.group()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from pgcdc.protocol import (
@@ -61,10 +61,8 @@ def _field(name: str, value: Any, relation: Relation | None) -> Any:
             return value.decode()
         except UnicodeDecodeError:
             return {"hex": value.hex()}
-    if isinstance(value, tuple):
-        return [
-            _field(name, v, relation) if not hasattr(v, "__slots__") else _obj(v) for v in value
-        ]
+    if isinstance(value, tuple):  # Relation.columns, Truncate.relids
+        return [_obj(v) if is_dataclass(v) else v for v in value]
     return value
 
 

@@ -323,15 +323,11 @@ class Decoder:
         if flags and self.strict:
             raise _Fail(InvalidMessage, f"reserved flags byte must be 0, got 0x{flags:02x}", pos)
 
-    def _relation_for(self, relid: int, pos: int) -> Relation:
-        relation = self.relations.get(relid)
-        if relation is None:
-            raise _Fail(
-                UnknownRelation,
-                f"relation id {relid} was never described by a Relation message",
-                pos,
-            )
-        return relation
+    def _unknown_relation(self, relid: int, pos: int) -> Relation:
+        """The error for a change to a relation id no Relation message described."""
+        raise _Fail(
+            UnknownRelation, f"relation id {relid} was never described by a Relation message", pos
+        )
 
     # -- transaction control ---------------------------------------------------------------
 
@@ -402,7 +398,7 @@ class Decoder:
         (relid,) = _u32(buf, pos)
         if buf[pos + 4] != 0x4E:  # 'N'
             raise _Fail(InvalidMessage, "expected 'N' before the new tuple", pos + 4)
-        relation = self.relations.get(relid) or self._relation_for(relid, pos)
+        relation = self.relations.get(relid) or self._unknown_relation(relid, pos)
         new, pos = _read_tuple(buf, pos + 5, relation)
         if pos != len(buf):
             _end(buf, pos)
@@ -414,7 +410,7 @@ class Decoder:
         else:
             (xid,), pos = _u32(buf, 1), 5
         (relid,) = _u32(buf, pos)
-        relation = self.relations.get(relid) or self._relation_for(relid, pos)
+        relation = self.relations.get(relid) or self._unknown_relation(relid, pos)
         pos += 4
         marker = buf[pos]
         old_kind = old = None
@@ -438,7 +434,7 @@ class Decoder:
         else:
             (xid,), pos = _u32(buf, 1), 5
         (relid,) = _u32(buf, pos)
-        relation = self.relations.get(relid) or self._relation_for(relid, pos)
+        relation = self.relations.get(relid) or self._unknown_relation(relid, pos)
         marker = buf[pos + 4]
         if marker != 0x4B and marker != 0x4F:
             raise _Fail(

@@ -7,7 +7,9 @@ What is compared
     the odd keepalive. All frames are loaded into memory first; then, in the same run:
 
     pgcdc       ``parse_frame`` + ``Decoder.decode`` for every frame (typed, validated messages;
-                column values stay ``bytes``, timestamps stay integer microseconds).
+                column values stay ``bytes``, timestamps stay integer microseconds), with the
+                C fast path for XLogData and Insert/Update/Delete when it is built.
+    pgcdc-py    the same in pure Python (``Decoder(speedups=False)``, ``frames.parse_frame``).
     pypgoutput  the 25-byte XLogData header (and the keepalive) unpacked with ``struct``, as its
                 reader gets them from psycopg2, then ``pypgoutput.decoders.<Type>(payload)`` for
                 every message (its message objects: values decoded to ``str``, timestamps to
@@ -53,6 +55,8 @@ from pypgoutput import decoders as pgo
 from pgcdc.capture import CaptureReader
 from pgcdc.embedded import EmbeddedServer, find_bindir, installations
 from pgcdc.protocol import Decoder, Insert, XLogData, parse_frame
+from pgcdc.protocol import frames as frames_module
+from pgcdc.protocol.speedups import SPEEDUPS
 from pgcdc.replication import ReplicationClient, ReplicationConnection, StreamOptions
 from pgcdc.replication.record import record
 
@@ -108,12 +112,13 @@ def load_frames(path: Path) -> list[bytes]:
 # --------------------------------------------------------------------------- the decoders
 
 
-def decode_pgcdc(frames: list[bytes]) -> int:
+def decode_pgcdc(frames: list[bytes], speedups: bool = True) -> int:
     """parse_frame + Decoder.decode, as pgcdc's own stream loop does; returns the inserts."""
-    decode = Decoder(1).decode
+    decode = Decoder(1, speedups=speedups).decode
+    parse = parse_frame if speedups else frames_module.parse_frame
     inserts = 0
     for data in frames:
-        frame = parse_frame(data)
+        frame = parse(data)
         if type(frame) is XLogData:
             message = decode(frame.payload, frame.data_start)
             if type(message) is Insert:
@@ -132,6 +137,11 @@ _PGO_TYPES: dict[int, type[pgo.PgoutputMessage]] = {
     ord("D"): pgo.Delete,
     ord("T"): pgo.Truncate,
 }
+
+
+def decode_pgcdc_pure(frames: list[bytes]) -> int:
+    """The same without the C fast path (``PGCDC_PURE_PYTHON=1``)."""
+    return decode_pgcdc(frames, speedups=False)
 
 
 def decode_pypgoutput(frames: list[bytes]) -> int:
@@ -219,10 +229,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{path}: no row changes in the capture")
 
     print(f"\ndecoding {rows:,} row changes, best of {args.runs} runs each")
+    if SPEEDUPS is None:
+        print("  (the C fast path is not built or PGCDC_PURE_PYTHON is set: pgcdc = pure Python)")
     p_wall, p_cpu, p_ins = best_of("pgcdc", decode_pgcdc, frames, args.runs)
+    y_wall, y_cpu, y_ins = best_of("pgcdc-py", decode_pgcdc_pure, frames, args.runs)
     o_wall, o_cpu, o_ins = best_of("pypgoutput", decode_pypgoutput, frames, args.runs)
-    if p_ins != kinds["I"] or o_ins != kinds["I"]:
-        sys.exit(f"insert counts differ: capture {kinds['I']}, pgcdc {p_ins}, pypgoutput {o_ins}")
+    if not p_ins == y_ins == o_ins == kinds["I"]:
+        sys.exit(
+            f"insert counts differ: capture {kinds['I']}, pgcdc {p_ins}, pure Python {y_ins}, "
+            f"pypgoutput {o_ins}"
+        )
 
     def line(name: str, wall: float, cpu: float) -> str:
         return (
@@ -234,10 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nresults ({rows:,} row changes, {len(frames):,} frames, Python {python})")
     print(f"  load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (skews wall times)")
     print(line("pgcdc", p_wall, p_cpu))
+    print(line("pgcdc-py", y_wall, y_cpu))
     print(line("pypgoutput", o_wall, o_cpu))
     print(
         f"  speed ratio pgcdc/pypgoutput (rows/s): {o_wall / p_wall:.2f}x"
-        f"  (time ratio {p_wall / o_wall:.2f})"
+        f"  (time ratio {p_wall / o_wall:.2f}); pure Python: {o_wall / y_wall:.2f}x"
     )
     p_cpu_us = p_cpu / rows * 1e6
     print(

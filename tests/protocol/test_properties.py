@@ -52,6 +52,7 @@ from pgcdc.protocol import (
     Update,
     encode,
 )
+from pgcdc.protocol import decoder as decoder_module
 
 SESSIONS = [
     (1, "off"),
@@ -518,6 +519,26 @@ def test_arbitrary_bytes_never_escape_as_other_errors(
         replay(decoder, prelude)
 
     decodes_exactly_or_fails_cleanly(decoder, raw)
+
+
+@pytest.mark.parametrize(("proto", "streaming"), SESSIONS, ids=SESSION_IDS)
+@FUZZ
+@given(data=st.data())
+def test_c_fast_path_agrees_with_python(proto: int, streaming: str, data: st.DataObject) -> None:
+    """On valid and mutated bytes, the C path returns the Python path's message or None."""
+    if decoder_module.SPEEDUPS is None:  # the pure-Python run of this test, or no C build
+        pytest.skip("compares the C fast path with Python")
+    decode_change = decoder_module.SPEEDUPS.decode_change
+    script = data.draw(scripts(proto, streaming).filter(bool), label="script")
+    index = data.draw(st.integers(0, len(script) - 1), label="index")
+    decoder = Decoder(proto, streaming, speedups=False)
+    replay(decoder, script[:index])
+    raw = data.draw(st.one_of(st.just(wire(script[index])), mutations(wire(script[index]))))
+
+    fast = decode_change(raw, decoder.in_stream, decoder.relations)
+    if fast is not None:
+        assert fast == decoder.decode(raw)
+        assert type(fast.new if not isinstance(fast, Delete) else fast.old) is TupleData
 
 
 # -- the strategies are not vacuous --------------------------------------------------------------

@@ -10,8 +10,8 @@ from pgcdc.protocol.frames import (
     StandbyStatusUpdate,
     XLogData,
     encode_frame,
-    parse_frame,
 )
+from pgcdc.protocol.speedups import parse_frame
 from pgcdc.protocol.lsn import INVALID_LSN, Lsn, datetime_to_pg_timestamp, pg_timestamp_to_datetime
 from pgcdc.protocol.messages import (
     Begin,

@@ -52,6 +52,7 @@ from pgcdc.protocol.messages import (
     Update,
     fast_constructor,
 )
+from pgcdc.protocol.speedups import SPEEDUPS
 
 __all__ = ["MAX_PROTO_VERSION", "Decoder", "StreamingMode"]
 
@@ -186,7 +187,8 @@ class Decoder:
 
     `proto_version` and `streaming` are what the session negotiated in START_REPLICATION.
     `strict` (the default) rejects non-zero reserved flag bytes, unknown replica identity and
-    column flags; `strict=False` keeps them as sent.
+    column flags; `strict=False` keeps them as sent. `speedups=False` decodes in pure Python
+    even when the C fast path is built.
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class Decoder:
         streaming: StreamingMode | str | bool = StreamingMode.OFF,
         *,
         strict: bool = True,
+        speedups: bool = True,
     ) -> None:
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise ValueError(f"proto_version must be 1..{MAX_PROTO_VERSION}, got {proto_version}")
@@ -207,6 +210,9 @@ class Decoder:
             raise ValueError("streaming 'parallel' needs proto_version 4 or higher")
         self.proto_version = proto_version
         self.strict = strict
+        # The C fast path for Insert/Update/Delete; it answers None for anything it does not
+        # handle, and the Python path below then decodes it or raises the precise error.
+        self._decode_change = SPEEDUPS.decode_change if speedups and SPEEDUPS else None
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         #: xid of the open Stream Start ... Stream Stop block, None outside one.
@@ -254,6 +260,10 @@ class Decoder:
         """
         if not payload:
             return None
+        if self._decode_change is not None:
+            message = self._decode_change(payload, self.stream_xid is not None, self.relations)
+            if message is not None:
+                return message
         handler = self._dispatch.get(payload[0])
         if handler is None:
             raise self._unknown(payload, lsn)

@@ -15,6 +15,9 @@ __all__ = [
     "InvalidMessage",
     "PermissionDenied",
     "PgcdcError",
+    "PluginError",
+    "PluginLoadError",
+    "PluginOptionError",
     "ProtocolError",
     "PublicationNotFound",
     "ReplicationError",
@@ -23,6 +26,7 @@ __all__ = [
     "SlotInUse",
     "SlotInvalidated",
     "SlotNotFound",
+    "SpillError",
     "StreamEnded",
     "TruncatedMessage",
     "UnexpectedMessage",
@@ -176,3 +180,19 @@ class PublicationNotFound(ReplicationError):
 
 class StreamEnded(ReplicationError):
     """The server ended the replication stream with an error."""
+
+
+class PluginError(PgcdcError):
+    """An output plugin cannot be loaded or used as written."""
+
+
+class PluginLoadError(PluginError):
+    """The plugin cannot be imported, or breaks the callback rules (e.g. a half streaming group)."""
+
+
+class PluginOptionError(PluginError):
+    """An option given to a plugin is unknown or has an invalid value (raised from startup)."""
+
+
+class SpillError(PgcdcError):
+    """A spilled transaction could not be written to or read back from its spill file."""

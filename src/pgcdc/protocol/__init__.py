@@ -11,7 +11,6 @@ from pgcdc.protocol.frames import (
     XLogData,
     encode_frame,
 )
-from pgcdc.protocol.speedups import parse_frame
 from pgcdc.protocol.lsn import INVALID_LSN, Lsn, datetime_to_pg_timestamp, pg_timestamp_to_datetime
 from pgcdc.protocol.messages import (
     Begin,
@@ -37,6 +36,7 @@ from pgcdc.protocol.messages import (
     Type,
     Update,
 )
+from pgcdc.protocol.speedups import parse_frame
 
 __all__ = [
     "INVALID_LSN",

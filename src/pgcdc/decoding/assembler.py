@@ -1,0 +1,591 @@
+"""Turns the pgoutput message stream into output plugin callbacks (sans-I/O but for spill files).
+
+Feed it every decoded message with its XLogData position; it calls the plugin and answers, after
+the callback that finished a transaction has returned, the LSN that is now safe to confirm.
+
+What it does beyond a one-to-one mapping:
+- delays begin (and stream_start) until the Origin that may follow is known, so that
+  filter_by_origin (and only-local on servers without ``origin 'none'``) can skip the whole
+  transaction, as the server does;
+- for a plugin without the streaming callbacks, buffers each streamed transaction by xid
+  (bounded memory, spilling to disk) and delivers it at Stream Commit as an ordinary one;
+  drops it at a top-level Stream Abort and drops only a subtransaction's changes at a
+  subtransaction's Stream Abort;
+- for prepared transactions the plugin does not take at PREPARE (no two-phase callbacks, or
+  filter_prepare said so), buffers them by gid and delivers them at COMMIT PREPARED, dropping
+  them at ROLLBACK PREPARED; until then no position at or past their prepare is confirmed, so
+  after a restart the server sends them again;
+- COMMIT/ROLLBACK PREPARED for a gid it never saw go to the two-phase callbacks (the prepare
+  predates two-phase on the slot, or was empty), or are only acknowledged without them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pgcdc.decoding.context import DecodingContext
+from pgcdc.decoding.model import Change, ChangeAction, Transaction, Truncation
+from pgcdc.decoding.plugin import OutputPlugin, PluginCapabilities, capabilities
+from pgcdc.decoding.spill import SpillBuffer, SpillPool
+from pgcdc.protocol import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    Lsn,
+    Message,
+    Origin,
+    PgoutputMessage,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+
+__all__ = ["TransactionAssembler"]
+
+log = logging.getLogger("pgcdc.decoding")
+
+# Entries of a buffered transaction.
+_CHANGE, _TRUNCATE, _MESSAGE = "change", "truncate", "message"
+
+
+@dataclass(slots=True)
+class _Open:
+    """The transaction between Begin/Begin Prepare and Commit/Prepare."""
+
+    txn: Transaction
+    prepared: bool
+    #: "pending" until the first message after the Origin; then "deliver", "skip" or "hold".
+    mode: str = "pending"
+    held: SpillBuffer | None = None
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A streamed transaction: passed through, buffered, or skipped by origin."""
+
+    txn: Transaction
+    buffer: SpillBuffer | None = None
+    skip: bool = False
+    decided: bool = False
+    #: stream_start was called for the current Stream Start ... Stop block.
+    block_started: bool = False
+
+
+@dataclass(slots=True)
+class _Held:
+    """A prepared transaction kept until COMMIT/ROLLBACK PREPARED."""
+
+    txn: Transaction
+    buffer: SpillBuffer
+    #: The confirmable position when it was received; nothing past it is confirmed meanwhile.
+    floor: Lsn
+
+
+@dataclass(slots=True)
+class AssemblerStats:
+    transactions: int = 0
+    changes: int = 0
+    streamed_buffered: int = 0
+    skipped_by_origin: int = 0
+
+
+class TransactionAssembler:
+    """Drives one plugin instance from the messages of a replication session."""
+
+    def __init__(
+        self,
+        plugin: OutputPlugin,
+        ctx: DecodingContext,
+        *,
+        pool: SpillPool | None = None,
+        only_local: bool = False,
+    ) -> None:
+        self.plugin = plugin
+        self.ctx = ctx
+        self.caps: PluginCapabilities = capabilities(type(plugin))
+        self.pool = pool or SpillPool()
+        #: Skip transactions that carry an Origin (only-local, when the server does not).
+        self.only_local = only_local
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, Type] = {}
+        self.stats = AssemblerStats()
+        self._open: _Open | None = None
+        self._streams: dict[int, _Stream] = {}
+        self._in_block: _Stream | None = None
+        self._held: dict[str, _Held] = {}
+        self._confirmable = Lsn(0)
+
+    # -- positions -------------------------------------------------------------------------
+
+    @property
+    def confirmable_lsn(self) -> Lsn:
+        """The highest position whose transactions the plugin has fully handled."""
+        if self._held:
+            return min(self._confirmable, *(held.floor for held in self._held.values()))
+        return self._confirmable
+
+    def _done(self, end_lsn: Lsn | None) -> Lsn | None:
+        if end_lsn is not None and end_lsn > self._confirmable:
+            self._confirmable = Lsn(end_lsn)
+        return self.confirmable_lsn if end_lsn is not None else None
+
+    def reset(self) -> None:
+        """A new session starts: the server resends whatever was in flight."""
+        self._drop_open()
+        for stream in self._streams.values():
+            if stream.buffer is not None:
+                stream.buffer.close()
+        self._streams.clear()
+        self._in_block = None
+        for held in self._held.values():
+            held.buffer.close()
+        self._held.clear()
+
+    def close(self) -> None:
+        self.reset()
+        self.pool.close()
+
+    # -- the entry point -------------------------------------------------------------------
+
+    def feed(self, message: PgoutputMessage, lsn: Lsn | None = None) -> Lsn | None:
+        """Handle one message; the LSN now safe to confirm when a transaction ended."""
+        self.ctx.write_location = lsn or None
+        handler = _HANDLERS.get(type(message))
+        if handler is None:
+            raise TypeError(f"not a pgoutput message: {message!r}")
+        return handler(self, message, lsn)
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def _relation(self, message: Relation, lsn: Lsn | None) -> None:
+        self.relations[message.relid] = message
+
+    def _type(self, message: Type, lsn: Lsn | None) -> None:
+        self.types[message.type_oid] = message
+
+    def _relation_of(self, relid: int) -> Relation:
+        relation = self.relations.get(relid)
+        if relation is None:  # the decoder refuses such changes; a guard for hand-fed input
+            raise KeyError(f"relation id {relid} was never described by a Relation message")
+        return relation
+
+    # -- ordinary and prepared transactions ------------------------------------------------
+
+    def _begin(self, message: Begin, lsn: Lsn | None) -> None:
+        txn = Transaction(message.xid, final_lsn=message.final_lsn, commit_ts=message.commit_ts)
+        self._open = _Open(txn, prepared=False)
+
+    def _begin_prepare(self, message: BeginPrepare, lsn: Lsn | None) -> None:
+        txn = Transaction(
+            message.xid,
+            final_lsn=message.prepare_lsn,
+            gid=message.gid,
+            prepare_lsn=message.prepare_lsn,
+            prepare_end_lsn=message.end_lsn,
+            prepare_ts=message.prepare_ts,
+        )
+        self._open = _Open(txn, prepared=True)
+
+    def _origin(self, message: Origin, lsn: Lsn | None) -> None:
+        target = self._in_block.txn if self._in_block is not None else None
+        if target is None and self._open is not None:
+            target = self._open.txn
+        if target is not None:
+            target.origin = message.origin_name
+            target.origin_lsn = message.origin_lsn
+
+    def _skips_origin(self, txn: Transaction) -> bool:
+        if txn.origin is None:
+            return False
+        if self.only_local:
+            return True
+        return self.caps.has("filter_by_origin") and bool(
+            self.plugin.filter_by_origin(self.ctx, txn.origin)
+        )
+
+    def _started(self) -> _Open:
+        """The open transaction, with its begin callback run (or its fate decided)."""
+        opened = self._open
+        if opened is None:
+            raise ValueError("a change outside a transaction (no Begin before it)")
+        if opened.mode != "pending":
+            return opened
+        txn = opened.txn
+        self.ctx.write_xid = txn.xid
+        if self._skips_origin(txn):
+            opened.mode = "skip"
+            self.stats.skipped_by_origin += 1
+        elif opened.prepared and not self._takes_prepare(txn):
+            opened.mode = "hold"
+            opened.held = self.pool.buffer(f"gid-{txn.xid}")
+        else:
+            opened.mode = "deliver"
+            if opened.prepared:
+                self.plugin.begin_prepare(self.ctx, txn)
+            else:
+                self.plugin.begin(self.ctx, txn)
+        return opened
+
+    def _takes_prepare(self, txn: Transaction) -> bool:
+        """Decode this prepared transaction at PREPARE (else at COMMIT PREPARED)."""
+        if not (self.caps.two_phase and self.ctx.two_phase):
+            return False
+        assert txn.gid is not None
+        if self.caps.has("filter_prepare"):
+            return not self.plugin.filter_prepare(self.ctx, txn.xid, txn.gid)
+        return True
+
+    def _commit(self, message: Commit, lsn: Lsn | None) -> Lsn | None:
+        opened = self._started()
+        self._open = None
+        txn = opened.txn
+        txn.final_lsn, txn.end_lsn, txn.commit_ts = (
+            message.commit_lsn,
+            message.end_lsn,
+            message.commit_ts,
+        )
+        if opened.mode == "deliver":
+            self.ctx.write_location = message.commit_lsn
+            self.plugin.commit(self.ctx, txn, message.commit_lsn)
+            self.stats.transactions += 1
+        return self._done(message.end_lsn)
+
+    def _prepare(self, message: Prepare, lsn: Lsn | None) -> Lsn | None:
+        opened = self._started()
+        self._open = None
+        txn = opened.txn
+        if opened.mode == "deliver":
+            self.ctx.write_location = message.prepare_lsn
+            self.plugin.prepare(self.ctx, txn, message.prepare_lsn)
+            return self._done(message.end_lsn)
+        if opened.mode == "hold":
+            assert opened.held is not None and txn.gid is not None
+            self._hold(txn, opened.held)
+            return None
+        return self._done(message.end_lsn)  # skipped by origin
+
+    def _hold(self, txn: Transaction, buffer: SpillBuffer) -> None:
+        assert txn.gid is not None
+        previous = self._held.pop(txn.gid, None)
+        if previous is not None:
+            previous.buffer.close()
+        self._held[txn.gid] = _Held(txn, buffer, self.confirmable_lsn)
+
+    def _commit_prepared(self, message: CommitPrepared, lsn: Lsn | None) -> Lsn | None:
+        held = self._held.pop(message.gid, None)
+        txn = held.txn if held is not None else Transaction(message.xid, gid=message.gid)
+        txn.final_lsn, txn.end_lsn, txn.commit_ts = (
+            message.commit_lsn,
+            message.end_lsn,
+            message.commit_ts,
+        )
+        self.ctx.write_xid = txn.xid
+        self.ctx.write_location = message.commit_lsn
+        if held is not None:
+            try:
+                self._replay(txn, held.buffer, prepared=False)
+            finally:
+                held.buffer.close()
+            self.plugin.commit(self.ctx, txn, message.commit_lsn)
+            self.stats.transactions += 1
+        elif self.caps.two_phase and self.ctx.two_phase:
+            self.plugin.commit_prepared(self.ctx, txn, message.commit_lsn)
+        else:
+            log.warning(
+                "COMMIT PREPARED %r (xid %d) at %s: its PREPARE was never received, "
+                "nothing to deliver",
+                message.gid,
+                message.xid,
+                message.commit_lsn,
+            )
+        return self._done(message.end_lsn)
+
+    def _rollback_prepared(self, message: RollbackPrepared, lsn: Lsn | None) -> Lsn | None:
+        held = self._held.pop(message.gid, None)
+        if held is not None:
+            held.buffer.close()
+        elif self.caps.two_phase and self.ctx.two_phase:
+            txn = Transaction(
+                message.xid,
+                gid=message.gid,
+                prepare_end_lsn=message.prepare_end_lsn,
+                prepare_ts=message.prepare_ts,
+                end_lsn=message.rollback_end_lsn,
+                commit_ts=message.rollback_ts,
+            )
+            self.ctx.write_xid = txn.xid
+            self.plugin.rollback_prepared(
+                self.ctx, txn, message.prepare_end_lsn, message.prepare_ts
+            )
+        return self._done(message.rollback_end_lsn)
+
+    # -- changes, truncate, messages ---------------------------------------------------------
+
+    def _change(self, message: Insert | Update | Delete, lsn: Lsn | None) -> None:
+        relation = self._relation_of(message.relid)
+        if type(message) is Insert:
+            change = Change(ChangeAction.INSERT, relation, message.new, lsn=lsn, subxid=message.xid)
+        elif type(message) is Update:
+            change = Change(
+                ChangeAction.UPDATE,
+                relation,
+                message.new,
+                message.old,
+                message.old_kind,
+                lsn,
+                message.xid,
+            )
+        else:
+            change = Change(
+                ChangeAction.DELETE,
+                relation,
+                None,
+                message.old,
+                message.old_kind,
+                lsn,
+                message.xid,
+            )
+        self._entry(_CHANGE, change, message.xid, _change_size(message))
+
+    def _truncate(self, message: Truncate, lsn: Lsn | None) -> None:
+        truncation = Truncation(
+            message.cascade, message.restart_identity, lsn, message.xid, message.relids
+        )
+        self._entry(_TRUNCATE, truncation, message.xid, 64 + 8 * len(message.relids))
+
+    def _message(self, message: Message, lsn: Lsn | None) -> Lsn | None:
+        if not message.transactional:
+            if self.caps.has("message"):
+                self.ctx.write_xid = None
+                self.plugin.message(
+                    self.ctx, None, message.lsn, False, message.prefix, message.content
+                )
+            return self._done(message.lsn) if self._idle else None
+        self._entry(_MESSAGE, message, message.xid, 64 + len(message.content))
+        return None
+
+    @property
+    def _idle(self) -> bool:
+        return self._open is None and self._in_block is None
+
+    def _entry(self, kind: str, entry: object, subxid: int | None, size: int) -> None:
+        """Route a change, truncate or transactional message to its transaction."""
+        if self._in_block is not None:
+            stream = self._in_block
+            self._decide_stream(stream)
+            if stream.skip:
+                return
+            if stream.buffer is not None:
+                stream.buffer.append(size, subxid, (kind, entry))
+                return
+            self._stream_block_begin(stream)
+            self._deliver(stream.txn, kind, entry, streamed=True)
+            return
+        opened = self._started()
+        if opened.mode == "deliver":
+            self._deliver(opened.txn, kind, entry, streamed=False)
+        elif opened.mode == "hold":
+            assert opened.held is not None
+            opened.held.append(size, None, (kind, entry))
+
+    def _deliver(self, txn: Transaction, kind: str, entry: object, streamed: bool) -> None:
+        """Call the plugin for one entry of `txn`."""
+        plugin, ctx = self.plugin, self.ctx
+        ctx.write_xid = txn.xid
+        if kind == _CHANGE:
+            assert isinstance(entry, Change)
+            ctx.write_location = entry.lsn
+            txn.nentries += 1
+            self.stats.changes += 1
+            if streamed:
+                plugin.stream_change(ctx, txn, entry.relation, entry)
+            else:
+                plugin.change(ctx, txn, entry.relation, entry)
+        elif kind == _TRUNCATE:
+            assert isinstance(entry, Truncation)
+            name = "stream_truncate" if streamed else "truncate"
+            if not self.caps.has(name):
+                return  # truncates are ignored without a truncate callback
+            ctx.write_location = entry.lsn
+            txn.nentries += 1
+            relations = [self._relation_of(relid) for relid in entry.relids]
+            getattr(plugin, name)(ctx, txn, relations, entry)
+        else:
+            assert isinstance(entry, Message)
+            name = "stream_message" if streamed else "message"
+            if self.caps.has(name):
+                ctx.write_location = entry.lsn
+                getattr(plugin, name)(ctx, txn, entry.lsn, True, entry.prefix, entry.content)
+
+    def _replay(self, txn: Transaction, buffer: SpillBuffer, prepared: bool) -> None:
+        """Deliver a buffered transaction as an ordinary (or prepared) one, up to its end."""
+        if prepared:
+            self.plugin.begin_prepare(self.ctx, txn)
+        else:
+            self.plugin.begin(self.ctx, txn)
+        for kind, entry in buffer:
+            self._deliver(txn, kind, entry, streamed=False)
+
+    # -- streamed transactions ---------------------------------------------------------------
+
+    def _stream_start(self, message: StreamStart, lsn: Lsn | None) -> None:
+        stream = self._streams.get(message.xid)
+        if stream is None:
+            txn = Transaction(message.xid, streamed=self._passes_streams)
+            stream = self._streams[message.xid] = _Stream(txn)
+        stream.block_started = False
+        self._in_block = stream
+
+    @property
+    def _passes_streams(self) -> bool:
+        return self.caps.streaming and self.ctx.streaming
+
+    def _decide_stream(self, stream: _Stream) -> None:
+        """Once per streamed transaction, when its Origin (sent after Stream Start) is known."""
+        if stream.decided:
+            return
+        stream.decided = True
+        if self._skips_origin(stream.txn):
+            stream.skip = True
+            self.stats.skipped_by_origin += 1
+        elif not self._passes_streams:
+            stream.buffer = self.pool.buffer(f"xid-{stream.txn.xid}")
+            self.stats.streamed_buffered += 1
+
+    def _stream_block_begin(self, stream: _Stream) -> None:
+        if not stream.block_started:
+            stream.block_started = True
+            self.ctx.write_xid = stream.txn.xid
+            self.plugin.stream_start(self.ctx, stream.txn)
+
+    def _stream_stop(self, message: StreamStop, lsn: Lsn | None) -> None:
+        stream = self._in_block
+        self._in_block = None
+        if stream is None:
+            return
+        self._decide_stream(stream)
+        if stream.skip or stream.buffer is not None:
+            return
+        self._stream_block_begin(stream)
+        self.ctx.write_xid = stream.txn.xid
+        self.plugin.stream_stop(self.ctx, stream.txn)
+
+    def _stream_commit(self, message: StreamCommit, lsn: Lsn | None) -> Lsn | None:
+        stream = self._streams.pop(message.xid, None)
+        txn = stream.txn if stream is not None else Transaction(message.xid)
+        txn.final_lsn, txn.end_lsn, txn.commit_ts = (
+            message.commit_lsn,
+            message.end_lsn,
+            message.commit_ts,
+        )
+        self.ctx.write_xid = txn.xid
+        if stream is None or stream.skip:
+            return self._done(message.end_lsn)
+        if stream.buffer is not None:
+            try:
+                self._replay(txn, stream.buffer, prepared=False)
+            finally:
+                stream.buffer.close()
+            self.ctx.write_location = message.commit_lsn
+            self.plugin.commit(self.ctx, txn, message.commit_lsn)
+        else:
+            self.ctx.write_location = message.commit_lsn
+            self.plugin.stream_commit(self.ctx, txn, message.commit_lsn)
+        self.stats.transactions += 1
+        return self._done(message.end_lsn)
+
+    def _stream_abort(self, message: StreamAbort, lsn: Lsn | None) -> Lsn | None:
+        stream = self._streams.get(message.xid)
+        if stream is None:
+            return None  # aborted before anything of it reached us
+        if not message.is_toplevel:
+            if stream.buffer is not None:
+                stream.buffer.discard_tag(message.subxid)
+            elif not stream.skip:
+                self.ctx.write_xid = message.subxid
+                sub = Transaction(message.subxid, streamed=True, toptxn=stream.txn)
+                self.plugin.stream_abort(self.ctx, sub, message.abort_lsn)
+            return None
+        del self._streams[message.xid]
+        if stream.buffer is not None:
+            stream.buffer.close()
+        elif not stream.skip:
+            self.ctx.write_xid = message.xid
+            self.plugin.stream_abort(self.ctx, stream.txn, message.abort_lsn)
+        return self._done(message.abort_lsn) if message.abort_lsn else None
+
+    def _stream_prepare(self, message: StreamPrepare, lsn: Lsn | None) -> Lsn | None:
+        stream = self._streams.pop(message.xid, None)
+        txn = stream.txn if stream is not None else Transaction(message.xid)
+        txn.gid = message.gid
+        txn.final_lsn = txn.prepare_lsn = message.prepare_lsn
+        txn.prepare_end_lsn = message.end_lsn
+        txn.prepare_ts = message.prepare_ts
+        self.ctx.write_xid = txn.xid
+        self.ctx.write_location = message.prepare_lsn
+        if stream is None or stream.skip:
+            return self._done(message.end_lsn)
+        if stream.buffer is None:
+            self.plugin.stream_prepare(self.ctx, txn, message.prepare_lsn)
+            return self._done(message.end_lsn)
+        if self._takes_prepare(txn):
+            try:
+                self._replay(txn, stream.buffer, prepared=True)
+            finally:
+                stream.buffer.close()
+            self.plugin.prepare(self.ctx, txn, message.prepare_lsn)
+            return self._done(message.end_lsn)
+        self._hold(txn, stream.buffer)
+        return None
+
+    def _drop_open(self) -> None:
+        if self._open is not None and self._open.held is not None:
+            self._open.held.close()
+        self._open = None
+
+
+def _change_size(message: Insert | Update | Delete) -> int:
+    """Approximate memory of a buffered change: Python objects plus the values."""
+    size = 200
+    for row in (getattr(message, "old", None), getattr(message, "new", None)):
+        if row is not None:
+            size += 120 + 40 * len(row.kinds)
+            for value in row.values:
+                if value is not None:
+                    size += len(value)
+    return size
+
+
+_HANDLERS = {
+    Begin: TransactionAssembler._begin,
+    BeginPrepare: TransactionAssembler._begin_prepare,
+    Origin: TransactionAssembler._origin,
+    Relation: TransactionAssembler._relation,
+    Type: TransactionAssembler._type,
+    Insert: TransactionAssembler._change,
+    Update: TransactionAssembler._change,
+    Delete: TransactionAssembler._change,
+    Truncate: TransactionAssembler._truncate,
+    Message: TransactionAssembler._message,
+    Commit: TransactionAssembler._commit,
+    Prepare: TransactionAssembler._prepare,
+    CommitPrepared: TransactionAssembler._commit_prepared,
+    RollbackPrepared: TransactionAssembler._rollback_prepared,
+    StreamStart: TransactionAssembler._stream_start,
+    StreamStop: TransactionAssembler._stream_stop,
+    StreamCommit: TransactionAssembler._stream_commit,
+    StreamAbort: TransactionAssembler._stream_abort,
+    StreamPrepare: TransactionAssembler._stream_prepare,
+}

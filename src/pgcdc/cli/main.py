@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import click
 from pgcdc import __version__
 from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
+from pgcdc.decoding import OutputWrite, PluginRunner
 from pgcdc.errors import PgcdcError, SlotExists
 from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
 from pgcdc.replication import publications, slots
@@ -119,8 +121,9 @@ def _stream_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--streaming",
             type=click.Choice(["off", "on", "parallel"]),
-            default="off",
-            help="stream large in-progress transactions",
+            default=None,
+            help="stream large in-progress transactions (default: off; with -P, on when the "
+            "plugin has streaming callbacks)",
         ),
         click.option("--two-phase", is_flag=True, help="decode prepared transactions"),
         click.option(
@@ -149,24 +152,27 @@ def _options_from(kwargs: dict[str, Any]) -> StreamOptions:
         proto_version=kwargs["proto_version"],
         binary=kwargs["binary"],
         messages=kwargs["messages"],
-        streaming=kwargs["streaming"],
+        streaming=kwargs["streaming"] or "off",
         two_phase=kwargs["two_phase"],
         origin=OriginFilter(kwargs["origin"]) if kwargs["origin"] else None,
     )
 
 
-def _maybe_create_slot(kwargs: dict[str, Any]) -> None:
+def _maybe_create_slot(kwargs: dict[str, Any]) -> bool:
+    """Create the slot when asked; True if this run created it."""
     if not kwargs["create_slot"]:
-        return
+        return False
     with ReplicationConnection.connect(kwargs["conninfo"]) as conn:
         try:
             created = conn.create_slot(kwargs["slot"], two_phase=kwargs["two_phase"])
-            click.echo(
-                f"pgcdc: created slot {created.slot_name} at {created.consistent_point}", err=True
-            )
         except SlotExists:
             if not kwargs["if_not_exists"]:
                 raise
+            return False
+        click.echo(
+            f"pgcdc: created slot {created.slot_name} at {created.consistent_point}", err=True
+        )
+        return True
 
 
 def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
@@ -218,9 +224,55 @@ def cli() -> None:
     """pgcdc: PostgreSQL logical replication (pgoutput) in Python."""
 
 
+def _plugin_option(value: str) -> tuple[str, str | None]:
+    name, sep, arg = value.partition("=")
+    if not name:
+        raise click.BadParameter(f"expected NAME=VALUE or NAME, got {value!r}")
+    return name, arg if sep else None
+
+
+_SIZE_UNITS = {"": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+
+
+def _size(value: str) -> int:
+    text = value.strip().lower().replace(" ", "")
+    digits = text.rstrip("kmgb")
+    unit = text[len(digits) :]
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise click.BadParameter(f"expected a size such as 64MB, got {value!r}")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
 @cli.command()
 @_stream_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "-P",
+    "--plugin",
+    default=None,
+    metavar="PLUGIN",
+    help="pgcdc output plugin: test_decoding, wal2json, json or module:Class",
+)
+@click.option(
+    "-o",
+    "--option",
+    "plugin_options",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="option passed to the output plugin (repeatable)",
+)
+@click.option(
+    "--memory-limit",
+    default="64MB",
+    show_default=True,
+    help="with -P: memory for transactions held back before they spill to disk",
+)
+@click.option(
+    "--spill-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="with -P: where held-back transactions spill (default: the temp directory)",
+)
 @click.option(
     "-f",
     "--file",
@@ -231,11 +283,42 @@ def cli() -> None:
 )
 @click.option("--no-confirm", is_flag=True, help="do not move the slot (leave changes in it)")
 @_user_errors
-def tail(fmt: str, output: str, no_confirm: bool, **kwargs: Any) -> None:
-    """Stream decoded messages from a slot, one per line."""
-    _maybe_create_slot(kwargs)
-    client = _client(kwargs, acknowledge=not no_confirm)
+def tail(
+    fmt: str,
+    plugin: str | None,
+    plugin_options: tuple[str, ...],
+    memory_limit: str,
+    spill_dir: str | None,
+    output: str,
+    no_confirm: bool,
+    **kwargs: Any,
+) -> None:
+    """Stream decoded messages from a slot, one per line (with -P: the plugin's output)."""
+    if plugin is None and plugin_options:
+        raise click.UsageError("-o/--option needs -P/--plugin")
+    created = _maybe_create_slot(kwargs)
     out: TextIO = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")  # noqa: SIM115
+    try:
+        if plugin is not None:
+            _tail_plugin(
+                plugin,
+                dict(_plugin_option(o) for o in plugin_options),
+                _size(memory_limit),
+                spill_dir,
+                out,
+                created,
+                not no_confirm,
+                kwargs,
+            )
+        else:
+            _tail_messages(fmt, out, not no_confirm, kwargs)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def _tail_messages(fmt: str, out: TextIO, acknowledge: bool, kwargs: dict[str, Any]) -> None:
+    client = _client(kwargs, acknowledge=acknowledge)
     status = StatusLine(sys.stderr.isatty() and out is not sys.stderr)
     render = message_json if fmt == "json" else message_text
     with client:
@@ -250,8 +333,55 @@ def tail(fmt: str, output: str, no_confirm: bool, **kwargs: Any) -> None:
                 client.confirm(end)
             status.update(client)
     status.close()
-    if out is not sys.stdout:
-        out.close()
+
+
+def _tail_plugin(
+    plugin: str,
+    options: dict[str, str | None],
+    memory_limit: int,
+    spill_dir: str | None,
+    out: TextIO,
+    is_init: bool,
+    acknowledge: bool,
+    kwargs: dict[str, Any],
+) -> None:
+    """Run an output plugin; its output is made durable before its position is confirmed."""
+    if kwargs["endpos"] is not None and kwargs["until_idle"]:
+        raise click.UsageError("--endpos and --until-idle cannot be combined")
+    binary_out = out.buffer if hasattr(out, "buffer") else None
+
+    def sink(write: OutputWrite) -> None:
+        if binary_out is not None:
+            binary_out.write(write.data + b"\n")
+        else:
+            out.write(write.data.decode() + "\n")
+
+    def durable() -> None:
+        if binary_out is not None:
+            binary_out.flush()
+        out.flush()
+        if out is not sys.stdout:
+            os.fsync(out.fileno())
+
+    runner = PluginRunner(
+        kwargs["conninfo"],
+        kwargs["slot"],
+        plugin,
+        _options_from(kwargs),
+        plugin_options=options,
+        sink=sink,
+        on_durable=durable,
+        is_init=is_init,
+        memory_limit=memory_limit,
+        spill_dir=spill_dir,
+        streaming=kwargs["streaming"],
+        start_lsn=kwargs["startpos"] or INVALID_LSN,
+        endpos=kwargs["endpos"],
+        until_idle=kwargs["until_idle"],
+        status_interval=kwargs["status_interval"],
+        acknowledge=acknowledge,
+    )
+    runner.run()
 
 
 @cli.command()

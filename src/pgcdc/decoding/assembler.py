@@ -126,6 +126,7 @@ class TransactionAssembler:
         self._in_block: _Stream | None = None
         self._held: dict[str, _Held] = {}
         self._confirmable = Lsn(0)
+        self._delivered_upto = Lsn(0)
 
     # -- positions -------------------------------------------------------------------------
 
@@ -142,19 +143,27 @@ class TransactionAssembler:
         return self.confirmable_lsn if end_lsn is not None else None
 
     def reset(self) -> None:
-        """A new session starts: the server resends whatever was in flight."""
+        """A new session starts: the server resends whatever was in flight.
+
+        Transactions the plugin already finished may come again too (the slot was confirmed
+        only up to a held prepared transaction, or the last status update was lost); they are
+        recognised by their commit position and not delivered twice.
+        """
+        self._delivered_upto = self._confirmable
         self._drop_open()
         for stream in self._streams.values():
             if stream.buffer is not None:
                 stream.buffer.close()
         self._streams.clear()
         self._in_block = None
-        for held in self._held.values():
-            held.buffer.close()
-        self._held.clear()
+        # Held prepared transactions are complete; the server sends them again (nothing past
+        # them was confirmed) and the copy received then replaces the one kept here.
 
     def close(self) -> None:
         self.reset()
+        for held in self._held.values():
+            held.buffer.close()
+        self._held.clear()
         self.pool.close()
 
     # -- the entry point -------------------------------------------------------------------
@@ -186,6 +195,8 @@ class TransactionAssembler:
     def _begin(self, message: Begin, lsn: Lsn | None) -> None:
         txn = Transaction(message.xid, final_lsn=message.final_lsn, commit_ts=message.commit_ts)
         self._open = _Open(txn, prepared=False)
+        if message.final_lsn < self._delivered_upto:
+            self._open.mode = "skip"  # delivered in an earlier session
 
     def _begin_prepare(self, message: BeginPrepare, lsn: Lsn | None) -> None:
         txn = Transaction(
@@ -197,6 +208,8 @@ class TransactionAssembler:
             prepare_ts=message.prepare_ts,
         )
         self._open = _Open(txn, prepared=True)
+        if message.prepare_lsn < self._delivered_upto and message.gid not in self._held:
+            self._open.mode = "skip"  # delivered in an earlier session
 
     def _origin(self, message: Origin, lsn: Lsn | None) -> None:
         target = self._in_block.txn if self._in_block is not None else None
@@ -281,7 +294,10 @@ class TransactionAssembler:
         previous = self._held.pop(txn.gid, None)
         if previous is not None:
             previous.buffer.close()
-        self._held[txn.gid] = _Held(txn, buffer, self.confirmable_lsn)
+        # Confirming up to the prepare record itself still makes the server send it again.
+        assert txn.prepare_lsn is not None
+        floor = min(self.confirmable_lsn, txn.prepare_lsn)
+        self._held[txn.gid] = _Held(txn, buffer, floor)
 
     def _commit_prepared(self, message: CommitPrepared, lsn: Lsn | None) -> Lsn | None:
         held = self._held.pop(message.gid, None)
@@ -491,7 +507,9 @@ class TransactionAssembler:
             message.commit_ts,
         )
         self.ctx.write_xid = txn.xid
-        if stream is None or stream.skip:
+        if stream is None or stream.skip or message.commit_lsn < self._delivered_upto:
+            if stream is not None and stream.buffer is not None:
+                stream.buffer.close()
             return self._done(message.end_lsn)
         if stream.buffer is not None:
             try:

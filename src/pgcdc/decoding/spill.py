@@ -141,6 +141,8 @@ class SpillPool:
         self.parent = Path(directory or tempfile.gettempdir())
         self.directory: Path | None = None
         self.memory_bytes = 0
+        #: The most memory the buffers held at once (estimated), for tests and benchmarks.
+        self.peak_memory_bytes = 0
         self.spilled_bytes = 0
         self.spill_count = 0
         self._buffers: set[SpillBuffer] = set()
@@ -153,6 +155,7 @@ class SpillPool:
 
     def _grew(self, buffer: SpillBuffer, size: int) -> None:
         self.memory_bytes += size
+        self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_bytes)
         while self.memory_bytes > self.memory_limit:
             largest = max(self._buffers, key=lambda b: b.memory_bytes)
             if not largest.memory:

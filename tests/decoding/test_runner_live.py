@@ -1,0 +1,252 @@
+"""Output plugins on real servers: bounded memory, two-phase, origins, acknowledgement, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.decoding import OutputPlugin, PluginRunner, SpillPool
+from pgcdc.embedded import Database
+from pgcdc.protocol import Lsn
+from pgcdc.replication import StreamOptions
+from replication.helpers import (
+    PGCDC,
+    assert_one_error_line,
+    confirmed_flush,
+    run_cli,
+    server_version_num,
+    unique,
+)
+
+pytestmark = pytest.mark.server
+
+
+class Rows(OutputPlugin):
+    """Collects (xid, first column) per change and the commits, in callback order."""
+
+    events: list[tuple[Any, ...]]
+
+    def startup(self, ctx, options, is_init):
+        self.events = ctx.output_plugin_private = []
+
+    def begin(self, ctx, txn):
+        self.events.append(("begin", txn.xid, txn.origin))
+
+    def change(self, ctx, txn, relation, change):
+        row = change.new if change.new is not None else change.old
+        self.events.append((change.action.value, int(row.values[0])))
+
+    def commit(self, ctx, txn, commit_lsn):
+        self.events.append(("commit", txn.xid))
+
+
+class LocalRows(Rows):
+    def startup(self, ctx, options, is_init):
+        super().startup(ctx, options, is_init)
+        options.only_local = True
+
+
+class PreparedRows(Rows):
+    def filter_prepare(self, ctx, xid, gid):
+        return "_nodecode" in gid
+
+    def begin_prepare(self, ctx, txn):
+        self.events.append(("begin_prepare", txn.gid))
+
+    def prepare(self, ctx, txn, prepare_lsn):
+        self.events.append(("prepare", txn.gid))
+
+    def commit_prepared(self, ctx, txn, commit_lsn):
+        self.events.append(("commit_prepared", txn.gid))
+
+    def rollback_prepared(self, ctx, txn, prepare_end_lsn, prepare_ts):
+        self.events.append(("rollback_prepared", txn.gid))
+
+
+class FailsOnSecondCommit(Rows):
+    def commit(self, ctx, txn, commit_lsn):
+        super().commit(ctx, txn, commit_lsn)
+        if sum(1 for e in self.events if e[0] == "commit") == 2:
+            raise RuntimeError("downstream is down")
+
+
+def setup(pg: Database, *, two_phase: bool = False) -> str:
+    slot = unique("s")
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE t")
+    pg.execute(
+        f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput', false, {two_phase})"
+    )
+    return slot
+
+
+def run(pg: Database, slot: str, plugin: type[Rows], **kwargs: Any) -> tuple[list, PluginRunner]:
+    options = kwargs.pop("stream_options", StreamOptions(("pub",)))
+    runner = PluginRunner(pg.dsn, slot, plugin, options, until_idle=True, **kwargs)
+    runner.run()
+    return runner.plugin.events, runner
+
+
+def test_streamed_transaction_many_times_the_budget(pg: Database, tmp_path: Path) -> None:
+    """A 4 MB streamed transaction through a 256 kB budget: spilled, complete, cleaned up."""
+    slot = setup(pg)
+    pg.execute(
+        "BEGIN;"
+        "INSERT INTO t SELECT g, repeat('x', 150) FROM generate_series(1, 10000) g;"
+        "SAVEPOINT a; INSERT INTO t SELECT g, 'gone' FROM generate_series(20001, 25000) g;"
+        "ROLLBACK TO a;"
+        "INSERT INTO t SELECT g, repeat('y', 150) FROM generate_series(10001, 20000) g;"
+        "COMMIT"
+    )
+    options = StreamOptions(("pub",), settings={"logical_decoding_work_mem": "64kB"})
+    pool_limit = 256 * 1024
+    events, runner = run(
+        pg,
+        slot,
+        Rows,
+        stream_options=options,
+        streaming="on",
+        memory_limit=pool_limit,
+        spill_dir=str(tmp_path),
+    )
+    ids = [e[1] for e in events if e[0] == "insert"]
+    assert ids == list(range(1, 20001))
+    assert events[0][0] == "begin" and events[-1][0] == "commit"
+    pool: SpillPool = runner.pool
+    assert runner.assembler is not None and runner.assembler.stats.streamed_buffered == 1
+    assert pool.spilled_bytes > 10 * pool_limit
+    assert pool.peak_memory_bytes <= pool_limit + 4096
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_phase_with_filter_prepare(pg: Database) -> None:
+    if server_version_num(pg) < 150000:
+        pytest.skip("two-phase decoding through pgoutput needs PostgreSQL 15")
+    slot = setup(pg, two_phase=True)
+    for gid, finish, first in (
+        ("g1", "COMMIT", 1),
+        ("g2_nodecode", "COMMIT", 10),
+        ("g3", "ROLLBACK", 20),
+        ("g4_nodecode", "ROLLBACK", 30),
+    ):
+        pg.execute(f"BEGIN; INSERT INTO t VALUES ({first}, 'p'); PREPARE TRANSACTION '{gid}'")
+        pg.execute(f"{finish} PREPARED '{gid}'")
+    events, _ = run(pg, slot, PreparedRows, stream_options=StreamOptions(("pub",), two_phase=True))
+    names = [e for e in events if e[0] != "begin" and e[0] != "commit"]
+    assert names == [
+        ("begin_prepare", "g1"),
+        ("insert", 1),
+        ("prepare", "g1"),
+        ("commit_prepared", "g1"),
+        ("insert", 10),  # decoded at COMMIT PREPARED as an ordinary transaction
+        ("begin_prepare", "g3"),
+        ("insert", 20),
+        ("prepare", "g3"),
+        ("rollback_prepared", "g3"),
+    ]
+    assert sum(1 for e in events if e[0] == "commit") == 1
+
+
+def test_held_prepared_transaction_is_not_confirmed(pg: Database) -> None:
+    """Without two-phase callbacks a prepared transaction waits for COMMIT PREPARED, and the
+    slot is not confirmed past it: the next run gets it from the server again (and, being a
+    new process that kept no state, also the transaction after it once more)."""
+    if server_version_num(pg) < 150000:
+        pytest.skip("two-phase slots need PostgreSQL 15")
+    slot = setup(pg, two_phase=True)
+    pg.execute("INSERT INTO t VALUES (1, 'before')")
+    before = Lsn(pg.execute("SELECT pg_current_wal_lsn()")[0][0])
+    pg.execute("BEGIN; INSERT INTO t VALUES (2, 'p'); PREPARE TRANSACTION 'held'")
+    pg.execute("INSERT INTO t VALUES (3, 'after')")
+    events, _ = run(pg, slot, Rows)
+    assert [e[1] for e in events if e[0] == "insert"] == [1, 3]
+    assert confirmed_flush(pg, slot) <= before
+    pg.execute("COMMIT PREPARED 'held'")
+    events, _ = run(pg, slot, Rows)
+    assert [e[1] for e in events if e[0] == "insert"] == [3, 2]
+
+
+def test_origin_filtering(pg: Database) -> None:
+    slot = setup(pg)
+    pg.execute("SELECT pg_replication_origin_create('upstream')")
+    pg.execute("INSERT INTO t VALUES (1, 'local')")
+    with pg.connect() as conn:  # autocommit: the origin is recorded at commit
+        conn.execute("SELECT pg_replication_origin_session_setup('upstream')")
+        conn.execute("INSERT INTO t VALUES (2, 'replicated')")
+        conn.execute("SELECT pg_replication_origin_session_reset()")
+    pg.execute("INSERT INTO t VALUES (3, 'local')")
+    everything, _ = run(pg, slot, Rows, acknowledge=False)
+    assert [e[1] for e in everything if e[0] == "insert"] == [1, 2, 3]
+    assert ("begin", everything[3][1], "upstream") == everything[3]
+    local, runner = run(pg, slot, LocalRows)
+    assert [e[1] for e in local if e[0] == "insert"] == [1, 3]
+    filtered_by_server = server_version_num(pg) >= 160000
+    assert runner.assembler is not None
+    assert runner.assembler.stats.skipped_by_origin == (0 if filtered_by_server else 1)
+
+
+def test_confirmed_only_after_the_commit_callback_returned(pg: Database) -> None:
+    slot = setup(pg)
+    start = confirmed_flush(pg, slot)
+    marks = []
+    for i in range(3):
+        pg.execute(f"INSERT INTO t VALUES ({i}, 'x')")
+        marks.append(Lsn(pg.execute("SELECT pg_current_wal_lsn()")[0][0]))
+    with pytest.raises(RuntimeError, match="downstream is down"):
+        run(pg, slot, FailsOnSecondCommit)
+    confirmed = confirmed_flush(pg, slot)
+    assert start < confirmed <= marks[0]  # the first transaction, not the second
+    events, _ = run(pg, slot, Rows)
+    assert [e[1] for e in events if e[0] == "insert"] == [1, 2]
+
+
+USER_PLUGIN = """
+from pgcdc.decoding import OutputPlugin
+
+
+class Upper(OutputPlugin):
+    def begin(self, ctx, txn):
+        pass
+
+    def change(self, ctx, txn, relation, change):
+        ctx.prepare_write()
+        ctx.append(f"{change.action.value.upper()} {change.new.values[0].decode()}")
+        ctx.write()
+
+    def commit(self, ctx, txn, commit_lsn):
+        pass
+"""
+
+
+def test_tail_with_json_plugin_and_user_plugin(pg: Database, tmp_path: Path) -> None:
+    slot = setup(pg)
+    pg.execute("INSERT INTO t VALUES (1, 'a'); UPDATE t SET v = 'b' WHERE id = 1")
+    base = ["tail", "-d", pg.dsn, "-S", slot, "--publication", "pub", "--until-idle"]
+    out = tmp_path / "out.jsonl"
+    result = run_cli(*base, "--no-confirm", "-P", "json", "-f", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(d["op"], d["after"]) for d in lines] == [
+        ("insert", {"id": "1", "v": "a"}),
+        ("update", {"id": "1", "v": "b"}),
+    ]
+    # one transaction (one simple query): one commit_lsn, ordinals 1 and 2
+    assert [d["ordinal"] for d in lines] == [1, 2]
+    assert lines[0]["commit_lsn"] == lines[1]["commit_lsn"] and lines[0]["xid"] == lines[1]["xid"]
+
+    (tmp_path / "myplugin.py").write_text(USER_PLUGIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [PGCDC, *base, "-P", "myplugin:Upper"], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["INSERT 1", "UPDATE 1"]
+    assert_one_error_line(run_cli(*base, "-P", "json", "-o", "nope"), "nope", "json plugin")
+    assert_one_error_line(run_cli(*base, "-P", "pgcdc.plugins:Missing"), "Missing")
+    usage = run_cli(*base, "-o", "x=1")
+    assert usage.returncode == 2 and "-o/--option needs -P/--plugin" in usage.stderr

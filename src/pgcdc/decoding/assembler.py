@@ -85,10 +85,14 @@ class _Stream:
 
 @dataclass(slots=True)
 class _Held:
-    """A prepared transaction kept until COMMIT/ROLLBACK PREPARED."""
+    """A prepared transaction kept until COMMIT/ROLLBACK PREPARED.
+
+    `buffer` is None for a transaction already streamed to a streaming plugin: only its
+    outcome is left to deliver (stream_commit or stream_abort).
+    """
 
     txn: Transaction
-    buffer: SpillBuffer
+    buffer: SpillBuffer | None
     #: The confirmable position when it was received; nothing past it is confirmed meanwhile.
     floor: Lsn
 
@@ -162,7 +166,8 @@ class TransactionAssembler:
     def close(self) -> None:
         self.reset()
         for held in self._held.values():
-            held.buffer.close()
+            if held.buffer is not None:
+                held.buffer.close()
         self._held.clear()
         self.pool.close()
 
@@ -289,10 +294,10 @@ class TransactionAssembler:
             return None
         return self._done(message.end_lsn)  # skipped by origin
 
-    def _hold(self, txn: Transaction, buffer: SpillBuffer) -> None:
+    def _hold(self, txn: Transaction, buffer: SpillBuffer | None) -> None:
         assert txn.gid is not None
         previous = self._held.pop(txn.gid, None)
-        if previous is not None:
+        if previous is not None and previous.buffer is not None:
             previous.buffer.close()
         # Confirming up to the prepare record itself still makes the server send it again.
         assert txn.prepare_lsn is not None
@@ -309,7 +314,10 @@ class TransactionAssembler:
         )
         self.ctx.write_xid = txn.xid
         self.ctx.write_location = message.commit_lsn
-        if held is not None:
+        if held is not None and held.buffer is None:
+            self.plugin.stream_commit(self.ctx, txn, message.commit_lsn)
+            self.stats.transactions += 1
+        elif held is not None:
             try:
                 self._replay(txn, held.buffer, prepared=False)
             finally:
@@ -330,7 +338,10 @@ class TransactionAssembler:
 
     def _rollback_prepared(self, message: RollbackPrepared, lsn: Lsn | None) -> Lsn | None:
         held = self._held.pop(message.gid, None)
-        if held is not None:
+        if held is not None and held.buffer is None:
+            self.ctx.write_xid = held.txn.xid
+            self.plugin.stream_abort(self.ctx, held.txn, None)
+        elif held is not None:
             held.buffer.close()
         elif self.caps.two_phase and self.ctx.two_phase:
             txn = Transaction(
@@ -556,8 +567,11 @@ class TransactionAssembler:
         if stream is None or stream.skip:
             return self._done(message.end_lsn)
         if stream.buffer is None:
-            self.plugin.stream_prepare(self.ctx, txn, message.prepare_lsn)
-            return self._done(message.end_lsn)
+            if self._takes_prepare(txn):
+                self.plugin.stream_prepare(self.ctx, txn, message.prepare_lsn)
+                return self._done(message.end_lsn)
+            self._hold(txn, None)  # the server would decide at COMMIT/ROLLBACK PREPARED
+            return None
         if self._takes_prepare(txn):
             try:
                 self._replay(txn, stream.buffer, prepared=True)
@@ -579,10 +593,7 @@ def _change_size(message: Insert | Update | Delete) -> int:
     size = 200
     for row in (getattr(message, "old", None), getattr(message, "new", None)):
         if row is not None:
-            size += 120 + 40 * len(row.kinds)
-            for value in row.values:
-                if value is not None:
-                    size += len(value)
+            size += 120 + 40 * len(row.kinds) + sum(map(len, filter(None, row.values)))
     return size
 
 

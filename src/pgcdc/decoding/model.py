@@ -80,6 +80,11 @@ class Change:
     lsn: Lsn | None = None
     subxid: int | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Spilled transactions are pickled change by change; see TupleData.__reduce__.
+        fields = (self.action, self.relation, self.new, self.old, self.old_kind, self.lsn)
+        return (Change, (*fields, self.subxid))
+
     @property
     def unchanged_toast_columns(self) -> tuple[str, ...]:
         """Names of the columns whose TOASTed value did not change and was not sent."""

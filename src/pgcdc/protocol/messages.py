@@ -58,6 +58,11 @@ class TupleData:
     kinds: bytes
     values: tuple[bytes | None, ...]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled in bulk when a buffered transaction spills to disk; the dataclass default
+        # (field-by-field state) costs several times more.
+        return (TupleData, (self.kinds, self.values))
+
     def __len__(self) -> int:
         return len(self.kinds)
 

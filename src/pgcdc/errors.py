@@ -33,6 +33,7 @@ __all__ = [
     "UnknownMessageType",
     "UnknownRelation",
     "UnsupportedOption",
+    "ValueDecodeError",
 ]
 
 EXCERPT_BYTES = 16
@@ -196,3 +197,7 @@ class PluginOptionError(PluginError):
 
 class SpillError(PgcdcError):
     """A spilled transaction could not be written to or read back from its spill file."""
+
+
+class ValueDecodeError(PgcdcError):
+    """A column value's bytes are not a valid text or binary form of its type."""

@@ -36,12 +36,12 @@ from pgcdc.decoding import (
 )
 from pgcdc.embedded import Database
 from pgcdc.errors import PluginError, PluginOptionError
+from pgcdc.plugins.pgtext import timestamptz_to_str
 from pgcdc.plugins.wal2json import (
     SelectTable,
     Wal2Json,
     parse_select_tables,
     split_list,
-    timestamptz_to_str,
 )
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.replication import DEFAULT_SESSION_SETTINGS, StreamOptions

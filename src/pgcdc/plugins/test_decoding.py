@@ -35,7 +35,6 @@ against 15); the 18 source does both, in streaming mode too, and 17 is taken to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from pgcdc.decoding import (
     Change,
@@ -50,6 +49,7 @@ from pgcdc.decoding import (
 )
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.errors import PluginError, PluginOptionError
+from pgcdc.plugins.pgtext import timestamptz_to_str
 from pgcdc.protocol import Lsn, Relation, TupleData
 
 __all__ = ["TestDecoding", "print_literal", "quote_literal", "timestamptz_to_str"]
@@ -59,9 +59,6 @@ _BOOLOID = 16
 _UNQUOTED = frozenset({20, 21, 23, 26, 700, 701, 1700})  # int8 int2 int4 oid float4 float8 numeric
 _BITS = frozenset({1560, 1562})  # bit, varbit
 
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_DT_NOBEGIN = -(2**63)
-_DT_NOEND = 2**63 - 1
 
 _TAG_N, _TAG_U, _TAG_T = 0x6E, 0x75, 0x74  # TupleData kinds n, u, t
 
@@ -448,24 +445,3 @@ def quote_literal(text: str) -> str:
     when there is a backslash."""
     quoted = "'" + text.replace("'", "''").replace("\\", "\\\\") + "'"
     return "E" + quoted if "\\" in text else quoted
-
-
-def timestamptz_to_str(timestamp: int | None) -> str:
-    """The server's ``timestamptz_to_str`` in a UTC session: ISO, trailing zeros of the
-    fraction trimmed, ``+00``. `timestamp` is microseconds since 2000-01-01 UTC."""
-    if timestamp is None:
-        return "(null)"
-    if timestamp == _DT_NOBEGIN:
-        return "-infinity"
-    if timestamp == _DT_NOEND:
-        return "infinity"
-    try:
-        moment = _PG_EPOCH + timedelta(microseconds=timestamp)
-    except OverflowError:
-        return "(timestamp out of range)"
-    text = moment.strftime("%Y-%m-%d %H:%M:%S")
-    if moment.year < 1000:  # strftime's %Y does not pad everywhere; the server pads to 4
-        text = f"{moment.year:04d}" + text[text.index("-") :]
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + "+00"

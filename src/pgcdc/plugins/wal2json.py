@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgcdc.decoding import (
@@ -64,6 +63,7 @@ from pgcdc.decoding import (
     Truncation,
 )
 from pgcdc.errors import PluginError, PluginOptionError
+from pgcdc.plugins.pgtext import timestamptz_to_str
 from pgcdc.protocol import Lsn, Relation, TupleData
 
 __all__ = ["SelectTable", "Wal2Json", "parse_select_tables", "split_list"]
@@ -95,7 +95,6 @@ _BOOL_OPTIONS = {
     "write-in-chunks": "write_in_chunks",
     "include-lsn": "include_lsn",
 }
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 # -- option parsing ----------------------------------------------------------------------------
@@ -308,17 +307,6 @@ def _parse_oids(name: str, value: str) -> list[int]:
 def _quote(text: str) -> str:
     """The server's escape_json: the same escapes as Python's JSON encoder without ASCII-only."""
     return json.dumps(text, ensure_ascii=False)
-
-
-def timestamptz_to_str(micros: int) -> str:
-    """``timestamptz_to_str`` in a TimeZone=UTC session: ISO date, trailing zeros cut, +00."""
-    dt = _PG_EPOCH + timedelta(microseconds=micros)
-    text = (
-        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d} {dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
-    )
-    if dt.microsecond:
-        text += f".{dt.microsecond:06d}".rstrip("0")
-    return text + "+00"
 
 
 def _type_label(type_str: str, array_check: bool = True) -> str:

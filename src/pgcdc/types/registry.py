@@ -4,8 +4,8 @@ A `TypeCodec` knows one type: its parsers for the output function's text (``t`` 
 the send function's bytes (``b`` columns, with ``binary 'true'``). `TypeRegistry` maps OIDs to
 codecs; built-in types are registered by the modules of this package at import, types only
 known through the catalog (enums, domains, composites, arrays of them) are added by
-`TypeRegistry.resolve`. An OID nobody knows decodes to its text (a ``str``) — never an error,
-never a guess — and, in binary mode, to `UnknownBinary`.
+`pgcdc.types.catalog.resolve`. An OID nobody knows decodes to its text (a ``str``) — never an
+error, never a guess — and, in binary mode, to `UnknownBinary`.
 
 Values come from the server already converted to the session's settings, which pgcdc pins
 (DateStyle ISO, IntervalStyle postgres, TimeZone UTC, extra_float_digits 3, bytea_output hex);
@@ -67,24 +67,43 @@ def _text(data: bytes) -> str:
 
 
 class TypeRegistry:
-    """Codecs by type OID."""
+    """Codecs by type OID.
+
+    The array type of every codec with an `array_oid` is known too: its codec is built from
+    the element's on first `get` (and rebuilt after any `add`, which may replace the element),
+    so type modules register element types only, in any order."""
 
     def __init__(self, codecs: dict[int, TypeCodec] | None = None) -> None:
         self.codecs: dict[int, TypeCodec] = dict(codecs or {})
+        #: Array OID -> element OID, for the array codecs `get` builds (cached in _arrays).
+        self._element_of: dict[int, int] = {
+            c.array_oid: c.oid for c in self.codecs.values() if c.array_oid
+        }
+        self._arrays: dict[int, TypeCodec] = {}
 
     def add(self, codec: TypeCodec) -> TypeCodec:
         self.codecs[codec.oid] = codec
+        if codec.array_oid:
+            self._element_of[codec.array_oid] = codec.oid
+        self._arrays.clear()
         return codec
 
     def get(self, oid: int) -> TypeCodec:
         """The codec for `oid`; an unknown OID gets the text fallback."""
         codec = self.codecs.get(oid)
         if codec is None:
-            codec = TypeCodec(oid, f"unknown type {oid}", _text)
+            codec = self._arrays.get(oid)
+            if codec is None:
+                element = self._element_of.get(oid)
+                if element is None:
+                    return TypeCodec(oid, f"unknown type {oid}", _text)
+                from pgcdc.types.arrays import array_codec  # imports this module
+
+                codec = self._arrays[oid] = array_codec(self.codecs[element], oid)
         return codec
 
     def __contains__(self, oid: int) -> bool:
-        return oid in self.codecs
+        return oid in self.codecs or oid in self._element_of
 
     def copy(self) -> TypeRegistry:
         return TypeRegistry(self.codecs)

@@ -342,4 +342,5 @@ def array_codec(element: TypeCodec, oid: int | None = None, name: str | None = N
         from_text,
         from_binary,
         element_oid=element.oid,
+        structure="array",
     )

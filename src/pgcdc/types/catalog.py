@@ -49,7 +49,7 @@ def _text(data: bytes) -> str:
 
 def enum_codec(oid: int, name: str, *, array_oid: int | None = None) -> TypeCodec:
     """An enum: its label (``enum_send`` sends the label's text, too)."""
-    return TypeCodec(oid, name, _text, _text, array_oid)
+    return TypeCodec(oid, name, _text, _text, array_oid, structure="enum")
 
 
 def composite_codec(
@@ -131,8 +131,16 @@ def composite_codec(
             raise ValueDecodeError(f"{name} binary has bytes after its fields")
         return values
 
+    typed_fields = tuple((field_name, codec.oid) for field_name, codec in fields)
     return TypeCodec(
-        oid, name, from_text, from_binary, array_oid, delimiter, extra={"fields": tuple(names)}
+        oid,
+        name,
+        from_text,
+        from_binary,
+        array_oid,
+        delimiter,
+        extra={"fields": typed_fields},
+        structure="composite",
     )
 
 
@@ -215,6 +223,7 @@ def resolve(registry: TypeRegistry, catalog: CatalogQuery, oids: Iterable[int]) 
                 delimiter=delim,
                 element_oid=base,
                 extra={},
+                structure="domain",
             )
         elif typtype == "e":
             codec = enum_codec(oid, name, array_oid=array_oid)
@@ -230,13 +239,13 @@ def resolve(registry: TypeRegistry, catalog: CatalogQuery, oids: Iterable[int]) 
             build(range_oid)
             subtype = registry.get(range_oid).element_oid
             if subtype is None:
-                codec = TypeCodec(oid, name, _text, None, array_oid, delim)
+                codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
             else:
                 codec = multirange_codec(
                     oid, name, subtype, range_oid, registry, array_oid=array_oid
                 )
         else:  # a base type nobody registered: its text, UnknownBinary in binary mode
-            codec = TypeCodec(oid, name, _text, None, array_oid, delim)
+            codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
         return registry.add(codec)
 
     for oid in missing:

@@ -194,7 +194,16 @@ def range_codec(
     def from_binary(data: bytes) -> Range:
         return _range_binary(data, _subtype_parsers(registry, subtype)[1])
 
-    return TypeCodec(oid, name, from_text, from_binary, array_oid, delimiter, element_oid=subtype)
+    return TypeCodec(
+        oid,
+        name,
+        from_text,
+        from_binary,
+        array_oid,
+        delimiter,
+        element_oid=subtype,
+        structure="range",
+    )
 
 
 def multirange_codec(
@@ -248,7 +257,16 @@ def multirange_codec(
             raise ValueDecodeError("multirange binary has bytes after its ranges")
         return Multirange(tuple(ranges))
 
-    return TypeCodec(oid, name, from_text, from_binary, array_oid, delimiter, element_oid=range_oid)
+    return TypeCodec(
+        oid,
+        name,
+        from_text,
+        from_binary,
+        array_oid,
+        delimiter,
+        element_oid=range_oid,
+        structure="multirange",
+    )
 
 
 # (range OID, name, subtype, array OID, multirange OID, its name, its array OID)

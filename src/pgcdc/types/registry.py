@@ -52,6 +52,10 @@ class TypeCodec:
     #: For array, range, multirange and domain codecs: the OID they are built on.
     element_oid: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: What the type is made of, for mapping it to Arrow and Spark: "base", "array",
+    #: "range", "multirange", "domain", "enum", "composite" (extra["fields"] holds
+    #: (name, type OID) pairs) or "unknown" (text fallback).
+    structure: str = "base"
 
     def decode(self, kind: int, data: bytes) -> Any:
         """The value of one TupleData column: `kind` is ord('t') or ord('b')."""
@@ -96,7 +100,7 @@ class TypeRegistry:
             if codec is None:
                 element = self._element_of.get(oid)
                 if element is None:
-                    return TypeCodec(oid, f"unknown type {oid}", _text)
+                    return TypeCodec(oid, f"unknown type {oid}", _text, structure="unknown")
                 from pgcdc.types.arrays import array_codec  # imports this module
 
                 codec = self._arrays[oid] = array_codec(self.codecs[element], oid)

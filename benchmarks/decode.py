@@ -73,8 +73,11 @@ INSERT = (
 # --------------------------------------------------------------------------- the capture
 
 
-def make_capture(path: Path, rows: int, txn_rows: int, version: int | None) -> None:
-    """Start a server, insert `rows` rows in transactions of `txn_rows`, record the slot."""
+def make_capture(
+    path: Path, rows: int, txn_rows: int, version: int | None, *, binary: bool = False
+) -> None:
+    """Start a server, insert `rows` rows in transactions of `txn_rows`, record the slot
+    (text column values, or the types' binary send forms with `binary`)."""
     with EmbeddedServer(version, settings={"autovacuum": False}) as server:
         print(f"making the capture on PostgreSQL {server.version_string} ...", flush=True)
         db = server.create_database("bench")
@@ -89,7 +92,7 @@ def make_capture(path: Path, rows: int, txn_rows: int, version: int | None) -> N
         client = ReplicationClient(
             db.dsn,
             "bench_decode",
-            StreamOptions(("pub",), proto_version=1),
+            StreamOptions(("pub",), proto_version=1, binary=binary),
             until_idle=True,
             reconnect=False,
         )

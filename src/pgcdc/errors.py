@@ -34,6 +34,7 @@ __all__ = [
     "UnknownRelation",
     "UnsupportedOption",
     "ValueDecodeError",
+    "ValueOutOfRange",
 ]
 
 EXCERPT_BYTES = 16
@@ -201,3 +202,21 @@ class SpillError(PgcdcError):
 
 class ValueDecodeError(PgcdcError):
     """A column value's bytes are not a valid text or binary form of its type."""
+
+
+class ValueOutOfRange(PgcdcError):
+    """A column value its Arrow/Spark type cannot hold exactly (an infinite or out-of-range
+    date or timestamp, a numeric wider than its decimal, a multi-dimensional array, ...), under
+    the out-of-range policy "error". Names the table, the column, the value and the LSN."""
+
+    def __init__(
+        self, reason: str, *, table: str, column: str, value: str, lsn: object | None = None
+    ) -> None:
+        self.reason = reason
+        self.table = table
+        self.column = column
+        self.value = value
+        self.lsn = lsn
+        super().__init__(
+            f"{table}.{column}: value {value} {reason} (at LSN {lsn if lsn is not None else '?'})"
+        )

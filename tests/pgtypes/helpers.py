@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pgcdc.embedded import Database
@@ -66,3 +67,31 @@ def kinds_sent(pg: Database, table: str, insert: str, *, binary: bool) -> set[st
                 seen.update(chr(k) for k in message.new.kinds)
     pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
     return seen
+
+
+def _refuse(data: bytes) -> Any:
+    raise AssertionError(f"a column came in the other format: {data[:20]!r}")
+
+
+#: Registries that fail on the format not asked for, proving each stream's columns were sent
+#: in the mode under test.
+TEXT_ONLY = TypeRegistry(
+    {o: replace(c, from_binary=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
+)
+BINARY_ONLY = TypeRegistry(
+    {o: replace(c, from_text=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
+)
+
+
+def stream_both(pg: Database, columns: str, rows: list[str]) -> tuple[list[tuple], list[tuple]]:
+    """Fill table `src` (id int, `columns`) with `rows` (SQL select lists), copy it into a
+    published table once per mode, and return the streamed (text rows, binary rows) without
+    the id."""
+    pg.execute(f"CREATE TABLE src (id int, {columns})")
+    for i, row in enumerate(rows):
+        pg.execute(f"INSERT INTO src SELECT {i}, {row}")
+    pg.execute("CREATE TABLE v (LIKE src)")
+    insert = "INSERT INTO v SELECT * FROM src ORDER BY id"
+    text = stream_inserts(pg, "v", binary=False, registry=TEXT_ONLY, insert=insert)
+    binary = stream_inserts(pg, "v", binary=True, registry=BINARY_ONLY, insert=insert)
+    return [r[1:] for r in text], [r[1:] for r in binary]

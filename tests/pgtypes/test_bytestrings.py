@@ -3,17 +3,16 @@ other."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pgcdc.embedded import Database
 from pgcdc.errors import ValueDecodeError
-from pgcdc.types import DEFAULT_REGISTRY, BitString, TypeRegistry
+from pgcdc.types import BitString
 from pgcdc.types.bytestrings import bits_binary, bits_text, bytea_binary, bytea_text
 
-from .helpers import stream_inserts
+from .helpers import stream_both
 
 ALL_BYTES = "decode(string_agg(lpad(to_hex(b), 2, '0'), '' ORDER BY b), 'hex') FROM "
 ROWS = [
@@ -25,31 +24,6 @@ ROWS = [
     "decode(repeat('ab', 100000), 'hex'), B'000000000001', repeat('01', 500)::varbit",
     "null, null, null",
 ]
-
-
-def _refuse(data: bytes) -> Any:
-    raise AssertionError(f"a column came in the other format: {data[:20]!r}")
-
-
-TEXT_ONLY = TypeRegistry(
-    {o: replace(c, from_binary=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-BINARY_ONLY = TypeRegistry(
-    {o: replace(c, from_text=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-
-
-def stream_both(pg: Database, columns: str, rows: list[str]) -> tuple[list[tuple], list[tuple]]:
-    """Fill table `src` (id int, `columns`) with `rows`, copy it into a published table once per
-    mode, and return the streamed (text rows, binary rows) without the id."""
-    pg.execute(f"CREATE TABLE src (id int, {columns})")
-    for i, row in enumerate(rows):
-        pg.execute(f"INSERT INTO src SELECT {i}, {row}")
-    pg.execute("CREATE TABLE v (LIKE src)")
-    insert = "INSERT INTO v SELECT * FROM src ORDER BY id"
-    text = stream_inserts(pg, "v", binary=False, registry=TEXT_ONLY, insert=insert)
-    binary = stream_inserts(pg, "v", binary=True, registry=BINARY_ONLY, insert=insert)
-    return [r[1:] for r in text], [r[1:] for r in binary]
 
 
 def test_values_equal_the_servers(pg: Database) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from dataclasses import astuple, replace
+from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -21,7 +21,6 @@ from pgcdc.types import (
     Path,
     Point,
     Polygon,
-    TypeRegistry,
 )
 from pgcdc.types.geometry import (
     box_text,
@@ -35,7 +34,7 @@ from pgcdc.types.geometry import (
     polygon_text,
 )
 
-from .helpers import stream_inserts
+from .helpers import stream_both
 
 COLUMNS = "p point, l line, s lseg, b box, pa path, po polygon, c circle"
 ROWS = [
@@ -50,30 +49,6 @@ ROWS = [
     "null, null, null, null, null, null, null",
 ]
 NUMBER = re.compile(r"-?(?:Infinity|NaN|[0-9.]+(?:e[-+][0-9]+)?)")
-
-
-def _refuse(data: bytes) -> Any:
-    raise AssertionError(f"a column came in the other format: {data[:20]!r}")
-
-
-TEXT_ONLY = TypeRegistry(
-    {o: replace(c, from_binary=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-BINARY_ONLY = TypeRegistry(
-    {o: replace(c, from_text=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-
-
-def stream_both(pg: Database, columns: str, rows: list[str]) -> tuple[list[tuple], list[tuple]]:
-    """Fill table `src` (id int, `columns`) with `rows`, copy it into a published table once per
-    mode, and return the streamed (text rows, binary rows) without the id."""
-    pg.execute(f"CREATE TABLE src (id int, {columns})")
-    pg.execute("INSERT INTO src VALUES " + ", ".join(f"({i}, {r})" for i, r in enumerate(rows)))
-    pg.execute("CREATE TABLE v (LIKE src)")
-    insert = "INSERT INTO v SELECT * FROM src ORDER BY id"
-    text = stream_inserts(pg, "v", binary=False, registry=TEXT_ONLY, insert=insert)
-    binary = stream_inserts(pg, "v", binary=True, registry=BINARY_ONLY, insert=insert)
-    return [r[1:] for r in text], [r[1:] for r in binary]
 
 
 def flat(value: Any) -> list[float]:

@@ -4,7 +4,6 @@ and scale for scale, and each other."""
 from __future__ import annotations
 
 import struct
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -14,10 +13,9 @@ from hypothesis import strategies as st
 
 from pgcdc.embedded import Database
 from pgcdc.errors import ValueDecodeError
-from pgcdc.types import DEFAULT_REGISTRY, TypeRegistry
 from pgcdc.types.numeric import money_binary, money_text, numeric_binary, numeric_text
 
-from .helpers import stream_inserts
+from .helpers import stream_both
 
 NUMERICS = [
     "'NaN'",
@@ -50,32 +48,6 @@ MONEY = [
     "'-1.00'",
     "'12.345'",  # rounded by the server to 12.35
 ]
-
-
-def _refuse(data: bytes) -> Any:
-    raise AssertionError(f"a column came in the other format: {data[:20]!r}")
-
-
-#: Registries that fail on the format not asked for, proving each stream's columns were sent
-#: in the mode under test.
-TEXT_ONLY = TypeRegistry(
-    {o: replace(c, from_binary=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-BINARY_ONLY = TypeRegistry(
-    {o: replace(c, from_text=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-
-
-def stream_both(pg: Database, columns: str, rows: list[str]) -> tuple[list[tuple], list[tuple]]:
-    """Fill table `src` (id int, `columns`) with `rows`, copy it into a published table once per
-    mode, and return the streamed (text rows, binary rows) without the id."""
-    pg.execute(f"CREATE TABLE src (id int, {columns})")
-    pg.execute("INSERT INTO src VALUES " + ", ".join(f"({i}, {r})" for i, r in enumerate(rows)))
-    pg.execute("CREATE TABLE v (LIKE src)")
-    insert = "INSERT INTO v SELECT * FROM src ORDER BY id"
-    text = stream_inserts(pg, "v", binary=False, registry=TEXT_ONLY, insert=insert)
-    binary = stream_inserts(pg, "v", binary=True, registry=BINARY_ONLY, insert=insert)
-    return [r[1:] for r in text], [r[1:] for r in binary]
 
 
 def exact(value: Decimal) -> tuple:

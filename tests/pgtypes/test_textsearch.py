@@ -4,7 +4,6 @@ for edge values streamed through pgoutput and for random queries."""
 from __future__ import annotations
 
 import struct
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,10 +12,9 @@ from hypothesis import strategies as st
 
 from pgcdc.embedded import Database
 from pgcdc.errors import ValueDecodeError
-from pgcdc.types import DEFAULT_REGISTRY, TypeRegistry
 from pgcdc.types.textsearch import tsquery_binary, tsquery_text, tsvector_binary, tsvector_text
 
-from .helpers import stream_inserts
+from .helpers import stream_both
 
 TSVECTORS = [
     "''",
@@ -50,30 +48,6 @@ TSQUERIES = [
     "phraseto_tsquery('english', 'the quick brown fox jumped')",
     "websearch_to_tsquery('english', '\"sad cat\" or \"fat rat\" -dog')",
 ]
-
-
-def _refuse(data: bytes) -> Any:
-    raise AssertionError(f"a column came in the other format: {data[:20]!r}")
-
-
-TEXT_ONLY = TypeRegistry(
-    {o: replace(c, from_binary=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-BINARY_ONLY = TypeRegistry(
-    {o: replace(c, from_text=_refuse) for o, c in DEFAULT_REGISTRY.codecs.items()}
-)
-
-
-def stream_both(pg: Database, columns: str, rows: list[str]) -> tuple[list[tuple], list[tuple]]:
-    """Fill table `src` (id int, `columns`) with `rows`, copy it into a published table once per
-    mode, and return the streamed (text rows, binary rows) without the id."""
-    pg.execute(f"CREATE TABLE src (id int, {columns})")
-    pg.execute("INSERT INTO src VALUES " + ", ".join(f"({i}, {r})" for i, r in enumerate(rows)))
-    pg.execute("CREATE TABLE v (LIKE src)")
-    insert = "INSERT INTO v SELECT * FROM src ORDER BY id"
-    text = stream_inserts(pg, "v", binary=False, registry=TEXT_ONLY, insert=insert)
-    binary = stream_inserts(pg, "v", binary=True, registry=BINARY_ONLY, insert=insert)
-    return [r[1:] for r in text], [r[1:] for r in binary]
 
 
 def test_values_equal_the_servers(pg: Database) -> None:

@@ -223,6 +223,36 @@ class Upper(OutputPlugin):
 """
 
 
+FAILING_PLUGIN = """
+from pgcdc.decoding import OutputPlugin
+
+
+class Fails(OutputPlugin):
+    def begin(self, ctx, txn):
+        pass
+
+    def change(self, ctx, txn, relation, change):
+        raise ZeroDivisionError("plugin bug")
+
+    def commit(self, ctx, txn, commit_lsn):
+        pass
+"""
+
+
+def test_tail_reports_a_failing_user_plugin_in_one_line(pg: Database, tmp_path: Path) -> None:
+    slot = setup(pg)
+    start = confirmed_flush(pg, slot)
+    pg.execute("INSERT INTO t VALUES (1, 'a')")
+    (tmp_path / "failing.py").write_text(FAILING_PLUGIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    args = ["tail", "-d", pg.dsn, "-S", slot, "--publication", "pub", "--until-idle"]
+    result = subprocess.run(
+        [PGCDC, *args, "-P", "failing:Fails"], capture_output=True, text=True, env=env, check=False
+    )
+    assert_one_error_line(result, "failing:Fails", "ZeroDivisionError: plugin bug", "at LSN")
+    assert confirmed_flush(pg, slot) == start
+
+
 def test_tail_with_json_plugin_and_user_plugin(pg: Database, tmp_path: Path) -> None:
     slot = setup(pg)
     pg.execute("INSERT INTO t VALUES (1, 'a'); UPDATE t SET v = 'b' WHERE id = 1")

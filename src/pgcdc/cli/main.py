@@ -22,7 +22,7 @@ from pgcdc import __version__
 from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.decoding import OutputWrite, PluginRunner
-from pgcdc.errors import PgcdcError, SlotExists
+from pgcdc.errors import PgcdcError, PluginError, SlotExists
 from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
 from pgcdc.replication import publications, slots
 from pgcdc.replication.client import ReplicationClient
@@ -381,7 +381,17 @@ def _tail_plugin(
         status_interval=kwargs["status_interval"],
         acknowledge=acknowledge,
     )
-    runner.run()
+    try:
+        runner.run()
+    except PgcdcError:
+        raise
+    except Exception as exc:  # a bug in the plugin: one line, as for any other error
+        where = runner.ctx.write_location
+        at = f" at LSN {where}" if where else ""
+        raise PluginError(
+            f"output plugin {plugin!r} failed{at}: {type(exc).__name__}: {exc} "
+            "(nothing after the last transaction it finished was confirmed)"
+        ) from exc
 
 
 @cli.command()

@@ -28,6 +28,7 @@ from pgcdc.decoding.context import DecodingContext
 from pgcdc.decoding.model import Change, ChangeAction, Transaction, Truncation
 from pgcdc.decoding.plugin import OutputPlugin, PluginCapabilities, capabilities
 from pgcdc.decoding.spill import SpillBuffer, SpillPool
+from pgcdc.errors import UnexpectedMessage, UnknownRelation
 from pgcdc.protocol import (
     Begin,
     BeginPrepare,
@@ -192,7 +193,10 @@ class TransactionAssembler:
     def _relation_of(self, relid: int) -> Relation:
         relation = self.relations.get(relid)
         if relation is None:  # the decoder refuses such changes; a guard for hand-fed input
-            raise KeyError(f"relation id {relid} was never described by a Relation message")
+            raise UnknownRelation(
+                f"relation id {relid} was never described by a Relation message",
+                lsn=self.ctx.write_location,
+            )
         return relation
 
     # -- ordinary and prepared transactions ------------------------------------------------
@@ -237,7 +241,10 @@ class TransactionAssembler:
         """The open transaction, with its begin callback run (or its fate decided)."""
         opened = self._open
         if opened is None:
-            raise ValueError("a change outside a transaction (no Begin before it)")
+            raise UnexpectedMessage(
+                "a change or end of transaction outside a transaction (no Begin before it)",
+                lsn=self.ctx.write_location,
+            )
         if opened.mode != "pending":
             return opened
         txn = opened.txn

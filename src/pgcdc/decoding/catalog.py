@@ -38,11 +38,15 @@ class Catalog:
         return self._connection().execute(sql, params).fetchall()
 
     def type_name(self, type_oid: int, type_modifier: int | None = None) -> str:
-        """``format_type(oid, typmod)``: e.g. ``integer``, ``character varying(20)``."""
-        key = (type_oid, None if type_modifier is None or type_modifier < 0 else type_modifier)
+        """``format_type(oid, typmod)``: e.g. ``integer``, ``character varying(20)``.
+
+        Without `type_modifier` it is the server's ``format_type_be`` (``character`` for
+        bpchar); with one, even -1, ``format_type_with_typemod`` (``bpchar``).
+        """
+        key = (type_oid, type_modifier)
         name = self._type_names.get(key)
         if name is None:
-            rows = self.query("SELECT pg_catalog.format_type(%s::oid, %s)", key)
+            rows = self.query("SELECT pg_catalog.format_type(%s::oid, %s::int4)", key)
             name = self._type_names[key] = rows[0][0]
         return name
 

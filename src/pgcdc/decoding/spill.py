@@ -55,14 +55,14 @@ class SpillBuffer:
     def append(self, size: int, tag: Any, payload: Any) -> None:
         self.memory.append((size, tag, payload))
         self.memory_bytes += size
-        self.pool._grew(self, size)
+        self.pool._grew(size)
 
     def discard_tag(self, tag: Any) -> None:
         """Forget every entry with `tag` (a subtransaction abort)."""
         kept = [entry for entry in self.memory if entry[1] != tag]
-        self.pool._shrank(self, self.memory_bytes - sum(entry[0] for entry in kept))
-        self.memory = kept
-        self.memory_bytes = sum(entry[0] for entry in kept)
+        kept_bytes = sum(entry[0] for entry in kept)
+        self.pool._shrank(self.memory_bytes - kept_bytes)
+        self.memory, self.memory_bytes = kept, kept_bytes
         if self.spilled_entries:
             self.discarded_tags.add(tag)
 
@@ -87,7 +87,7 @@ class SpillBuffer:
         self.pool.spilled_bytes += self.memory_bytes
         self.pool.spill_count += 1
         self.spilled_entries += len(self.memory)
-        self.pool._shrank(self, self.memory_bytes)
+        self.pool._shrank(self.memory_bytes)
         self.memory = []
         self.memory_bytes = 0
 
@@ -122,7 +122,7 @@ class SpillBuffer:
 
     def close(self) -> None:
         """Forget the entries and remove the file."""
-        self.pool._shrank(self, self.memory_bytes)
+        self.pool._shrank(self.memory_bytes)
         self.memory = []
         self.memory_bytes = 0
         if self.path is not None:
@@ -153,7 +153,7 @@ class SpillPool:
         self._buffers.add(buffer)
         return buffer
 
-    def _grew(self, buffer: SpillBuffer, size: int) -> None:
+    def _grew(self, size: int) -> None:
         self.memory_bytes += size
         self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_bytes)
         while self.memory_bytes > self.memory_limit:
@@ -162,7 +162,7 @@ class SpillPool:
                 break
             largest.spill()
 
-    def _shrank(self, buffer: SpillBuffer, size: int) -> None:
+    def _shrank(self, size: int) -> None:
         self.memory_bytes -= size
 
     def _new_file(self, name: str) -> Path:

@@ -8,10 +8,11 @@ Each row change becomes one line::
      "key": {"id": "1"}, "before": null, "after": {"id": "1", "v": "z"},
      "unchanged_toast": [], "lsn": "0/19589F0"}
 
-``(commit_lsn, ordinal)`` is unique and totally ordered across the whole stream, so it can
-sequence changes (Spark's AUTO CDC ``sequence_by``); never order by ``lsn``, a change's own
-position. ``key`` identifies the row before the change: the old key when the server sent one
-(a key change or replica identity full), otherwise the key columns of the new row.
+``(commit_lsn, ordinal)`` is unique and totally ordered across the lines of committed
+transactions (non-transactional messages, below, have no commit_lsn), so it can sequence
+changes (Spark's AUTO CDC ``sequence_by``); never order by ``lsn``, a change's own position.
+``key`` identifies the row before the change: the old key when the server sent one (a key
+change or replica identity full), otherwise the key columns of the new row.
 ``before`` is the old row, or only the old key's columns (None when nothing was logged).
 Values are the server's text output (strings, JSON null for NULL); columns in
 ``unchanged_toast`` were not sent and keep their previous value. With ``--binary`` the

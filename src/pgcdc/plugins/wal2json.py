@@ -195,7 +195,7 @@ def _parse_int(name: str, value: str) -> int:
             return sign * int(digits)
         return round(float(text))
     except (ValueError, OverflowError):
-        raise PluginOptionError(f'could not parse value "{value}" for parameter "{name}"') from None
+        raise _unparsable(name, value) from None
 
 
 @dataclass(slots=True)
@@ -249,39 +249,38 @@ class _Settings:
                     s.actions = _parse_actions(name, value)
             elif name == "filter-origins":
                 s.filter_origins = frozenset(_parse_oids(name, value)) if value else frozenset()
-            elif name in ("filter-tables", "add-tables"):
-                tables = parse_select_tables(value) if value is not None else []
-                if tables is None:
-                    raise PluginOptionError(
-                        f'could not parse value "{value}" for parameter "{name}"'
-                    )
-                if name == "filter-tables":
-                    s.filter_tables = tuple(tables)
-                else:
-                    s.add_tables = tuple(tables)
-            elif name in ("filter-msg-prefixes", "add-msg-prefixes"):
-                prefixes = split_list(value) if value is not None else []
-                if prefixes is None:
-                    raise PluginOptionError(
-                        f'could not parse value "{value}" for parameter "{name}"'
-                    )
-                if name == "filter-msg-prefixes":
-                    s.filter_msg_prefixes = tuple(prefixes)
-                else:
-                    s.add_msg_prefixes = tuple(prefixes)
+            elif name in _LIST_OPTIONS:
+                parse = parse_select_tables if name.endswith("tables") else split_list
+                items = parse(value) if value is not None else []
+                if items is None:
+                    raise _unparsable(name, value)
+                setattr(s, _LIST_OPTIONS[name], tuple(items))
             else:
                 shown = "(null)" if value is None else value
                 raise PluginOptionError(f'option "{name}" = "{shown}" is unknown')
         return s
 
 
+#: List-valued options and the settings they fill.
+_LIST_OPTIONS = {
+    "filter-tables": "filter_tables",
+    "add-tables": "add_tables",
+    "filter-msg-prefixes": "filter_msg_prefixes",
+    "add-msg-prefixes": "add_msg_prefixes",
+}
+
+
+def _unparsable(name: str, value: str | None) -> PluginOptionError:
+    return PluginOptionError(f'could not parse value "{value}" for parameter "{name}"')
+
+
 def _parse_actions(name: str, value: str) -> frozenset[str]:
     items = split_list(value)
     if items is None:
-        raise PluginOptionError(f'could not parse value "{value}" for parameter "{name}"')
+        raise _unparsable(name, value)
     for item in items:
         if item not in _ACTIONS:
-            raise PluginOptionError(f'could not parse value "{item}" for parameter "{name}"')
+            raise _unparsable(name, item)
     return frozenset(items)
 
 
@@ -289,7 +288,7 @@ def _parse_oids(name: str, value: str) -> list[int]:
     """filter-origins: origin ids as atoi() reads them (garbage counts as 0)."""
     items = split_list(value)
     if items is None:
-        raise PluginOptionError(f'could not parse value "{value}" for parameter "{name}"')
+        raise _unparsable(name, value)
     oids = []
     for item in items:
         digits = ""
@@ -376,7 +375,6 @@ class _Lookups:
 
     def __init__(self, ctx: DecodingContext) -> None:
         self.ctx = ctx
-        self.formatted: dict[tuple[int, int], str] = {}
         self.types: dict[int, _TypeInfo] = {}
         self.attrs: dict[int, tuple[Relation, dict[str, _Attr]]] = {}
         self.origins: dict[str, int] = {}
@@ -395,13 +393,10 @@ class _Lookups:
 
     def format_type(self, type_oid: int, typmod: int) -> str:
         """``format_type_with_typemod``: the typmod always counts as given, so a bare
-        ``bpchar`` stays ``bpchar`` (Catalog.type_name would say ``character``)."""
-        key = (type_oid, typmod)
-        name = self.formatted.get(key)
-        if name is None:
-            rows = self._query("SELECT pg_catalog.format_type(%s::oid, %s::int4)", key)
-            name = self.formatted[key] = str(rows[0][0])
-        return name
+        ``bpchar`` stays ``bpchar``."""
+        if self.ctx.catalog is None:
+            raise PluginError("wal2json needs catalog access for these options (no catalog)")
+        return self.ctx.catalog.type_name(type_oid, typmod)
 
     def type_info(self, type_oid: int) -> _TypeInfo:
         info = self.types.get(type_oid)

@@ -21,13 +21,17 @@ __all__ = [
     "ProtocolError",
     "PublicationNotFound",
     "ReplicationError",
+    "SchemaChangeError",
     "ServerConfigurationError",
     "SlotExists",
     "SlotInUse",
     "SlotInvalidated",
     "SlotNotFound",
+    "SourceError",
     "SpillError",
+    "SpoolError",
     "StreamEnded",
+    "TargetError",
     "TruncatedMessage",
     "UnexpectedMessage",
     "UnknownMessageType",
@@ -200,6 +204,15 @@ class SpillError(PgcdcError):
     """A spilled transaction could not be written to or read back from its spill file."""
 
 
+class SpoolError(PgcdcError):
+    """The Spark source's spool of committed transactions is unreadable or out of order."""
+
+
+class SourceError(PgcdcError):
+    """The Spark source cannot run: a missing or wrong option, or its replication session
+    failed (the cause is in the message)."""
+
+
 class ValueDecodeError(PgcdcError):
     """A column value's bytes are not a valid text or binary form of its type."""
 
@@ -219,4 +232,28 @@ class ValueOutOfRange(PgcdcError):
         self.lsn = lsn
         super().__init__(
             f"{table}.{column}: value {value} {reason} (at LSN {lsn if lsn is not None else '?'})"
+        )
+
+
+class TargetError(PgcdcError):
+    """A change set cannot be applied to a target table (wrong table or mode, a type the
+    table format cannot hold, a change the table's key cannot identify)."""
+
+
+class SchemaChangeError(TargetError):
+    """A column's type changed in a way the target cannot follow (not the same type, not a
+    lossless widening). Names the table, the column, both types and the LSN of the change
+    that carried the new type; nothing of its batch was written."""
+
+    def __init__(
+        self, *, table: str, column: str, old_type: str, new_type: str, lsn: object | None = None
+    ) -> None:
+        self.table = table
+        self.column = column
+        self.old_type = old_type
+        self.new_type = new_type
+        self.lsn = lsn
+        super().__init__(
+            f"{table}.{column}: type changed from {old_type} to {new_type}, which the target "
+            f"cannot widen to (at LSN {lsn if lsn is not None else '?'}); nothing was written"
         )

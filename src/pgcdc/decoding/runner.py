@@ -20,6 +20,7 @@ from pgcdc.decoding.spill import DEFAULT_MEMORY_LIMIT, SpillPool
 from pgcdc.protocol import INVALID_LSN, Lsn, StreamingMode
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.options import OriginFilter, StreamOptions
+from pgcdc.replication.stream import LogicalStream
 
 __all__ = ["PluginRunner"]
 
@@ -45,6 +46,8 @@ class PluginRunner:
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         spill_dir: str | None = None,
         streaming: StreamingMode | str | None = None,
+        auto_confirm: bool = True,
+        on_session: Callable[[LogicalStream], None] | None = None,
         **client_options: object,
     ) -> None:
         self.plugin_class = load_plugin(plugin) if isinstance(plugin, str) else plugin
@@ -54,6 +57,9 @@ class PluginRunner:
         self.requested = stream_options
         self.streaming_request = None if streaming is None else StreamingMode(streaming)
         self.on_durable = on_durable
+        self.auto_confirm = auto_confirm
+        self.on_session = on_session
+        self._confirm_requested = INVALID_LSN
         self.client_options = client_options
         self.catalog = Catalog(conninfo)
         server_version = int(self.catalog.query("SHOW server_version_num")[0][0])
@@ -118,14 +124,16 @@ class PluginRunner:
                 self.conninfo,
                 self.slot,
                 options,
-                on_session=lambda stream: assembler.reset(),
+                on_session=self._session_started,
                 **self.client_options,  # type: ignore[arg-type]
             )
             with client:
                 confirmed = INVALID_LSN
                 for frame, message in client:
                     lsn = assembler.feed(message, frame.data_start)
-                    if lsn is not None and lsn > confirmed:
+                    if not self.auto_confirm:
+                        self._apply_confirm()
+                    elif lsn is not None and lsn > confirmed:
                         if self.on_durable is not None:
                             self.on_durable()
                         client.confirm(lsn)
@@ -133,6 +141,29 @@ class PluginRunner:
             return assembler.stats
         finally:
             self.close()
+
+    def _session_started(self, stream: LogicalStream) -> None:
+        assert self.assembler is not None
+        self.assembler.reset()
+        if self.on_session is not None:
+            self.on_session(stream)
+
+    def confirm(self, lsn: Lsn) -> None:
+        """With ``auto_confirm=False``: the consumer made everything up to `lsn` (a delivered
+        transaction's end) durable. Safe to call from another thread."""
+        if lsn > self._confirm_requested:
+            self._confirm_requested = Lsn(lsn)
+        self._apply_confirm()
+
+    def _apply_confirm(self) -> None:
+        client, assembler = self.client, self.assembler
+        stream = client.stream if client is not None else None
+        if stream is None or assembler is None:
+            return  # between sessions: the next call applies it
+        lsn = min(self._confirm_requested, assembler.confirmable_lsn, stream.tracker.received)
+        if lsn > stream.tracker.confirmed:
+            stream.confirm(lsn)
+            stream.status_due = True
 
     def stop(self) -> None:
         if self.client is not None:

@@ -83,6 +83,12 @@ class LogicalStream:
         self._stopped = False
         #: Set (from any thread) to end iteration at the next message or within a second.
         self.stop_requested = False
+        #: Ask for a keepalive after each quiet second, so `tracker.keepalive_wal_end` follows
+        #: the server closely (a consumer waiting for a position needs that; endpos implies it).
+        self.ping_when_idle = False
+        #: Set (from any thread) to send a status update at the next wake-up: a consumer that
+        #: confirms from another thread wants the slot to move now, not at the next interval.
+        self.status_due = False
 
     def start(self) -> None:
         self.identity = self.conn.identify_system()
@@ -162,13 +168,14 @@ class LogicalStream:
         while not self._stopped and not self.stop_requested:
             now = time.monotonic()
             wait = self._last_status + self.status_interval - now
-            if wait <= 0:
+            if wait <= 0 or self.status_due:
+                self.status_due = False
                 self.send_status()
                 wait = self.status_interval
-            # Wake at least once a second: to see endpos, stop requests and the status timer.
-            data = read(min(wait, 1.0))
+            # Wake often enough to see endpos, stop requests, due updates and the timer.
+            data = read(min(wait, 0.2))
             if data is None:
-                if self.endpos is not None and not pinged:
+                if (self.endpos is not None or self.ping_when_idle) and not pinged:
                     # Ask for a keepalive: it tells where the walsender is once it is idle.
                     self.send_status(reply_requested=True)
                     pinged = True

@@ -1,0 +1,170 @@
+"""The replication session behind a Spark stream: a background thread that fills the spool.
+
+It runs the output plugin machinery (`PluginRunner`, so streamed transactions, subtransaction
+aborts and prepared transactions are assembled exactly as for any plugin) with `SpoolWriter`,
+which writes each committed transaction to the `Spool`. Nothing is confirmed to the server
+until Spark has committed a batch (`confirm`): a crash anywhere loses nothing, the slot sends
+the rest again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pgcdc.decoding import Change, DecodingContext, OutputPlugin, Transaction, Truncation
+from pgcdc.decoding.runner import PluginRunner
+from pgcdc.errors import SourceError
+from pgcdc.protocol import Lsn, Message, Relation, StreamingMode
+from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.stream import LogicalStream
+from pgcdc.spark.envelope import SpooledTransaction
+from pgcdc.spark.spool import Spool
+
+__all__ = ["SpoolWriter", "Spooler"]
+
+log = logging.getLogger(__name__)
+
+
+class SpoolWriter(OutputPlugin):
+    """An output plugin whose output is the spool: committed transactions, whole."""
+
+    spool: Spool
+
+    def begin(self, ctx: DecodingContext, txn: Transaction) -> None:
+        txn.output_plugin_private = []
+
+    def change(
+        self, ctx: DecodingContext, txn: Transaction, relation: Relation, change: Change
+    ) -> None:
+        txn.output_plugin_private.append(change)
+
+    def truncate(
+        self,
+        ctx: DecodingContext,
+        txn: Transaction,
+        relations: list[Relation],
+        change: Truncation,
+    ) -> None:
+        txn.output_plugin_private.append((change, tuple(relations)))
+
+    def message(
+        self,
+        ctx: DecodingContext,
+        txn: Transaction | None,
+        lsn: Lsn,
+        transactional: bool,
+        prefix: str,
+        content: bytes,
+    ) -> None:
+        message = Message(int(transactional), lsn, prefix, content)
+        if txn is not None and transactional:
+            txn.output_plugin_private.append(message)
+            return
+        # A message outside any transaction is a unit of its own, ordered by its position.
+        self.spool.append(SpooledTransaction(lsn, Lsn(lsn + 1), None, None, None, [message]))
+
+    def commit(self, ctx: DecodingContext, txn: Transaction, commit_lsn: Lsn) -> None:
+        assert txn.end_lsn is not None
+        self.spool.append(
+            SpooledTransaction(
+                commit_lsn,
+                txn.end_lsn,
+                txn.xid,
+                txn.commit_ts,
+                txn.origin,
+                txn.output_plugin_private,
+            )
+        )
+
+
+class Spooler:
+    """Owns the replication session of one stream; `error` is set if the session died."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        slot: str,
+        options: StreamOptions,
+        spool: Spool,
+        *,
+        streaming: StreamingMode | None = None,
+        status_interval: float = 10.0,
+    ) -> None:
+        self.spool = spool
+        self.runner = PluginRunner(
+            conninfo,
+            slot,
+            SpoolWriter,
+            options,
+            auto_confirm=False,
+            streaming=streaming,
+            status_interval=status_interval,
+            on_session=self._on_session,
+        )
+        self.runner.plugin.spool = spool  # type: ignore[attr-defined]
+        self.error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"pgcdc-spooler-{slot}", daemon=True)
+
+    def _on_session(self, stream: LogicalStream) -> None:
+        stream.ping_when_idle = True
+
+    def start(self) -> Spooler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.runner.run()
+        except BaseException as exc:  # reported to Spark's thread by `check`
+            self.error = exc
+            log.debug("replication session ended", exc_info=True)
+        finally:
+            with self.spool.changed:
+                self.spool.changed.notify_all()
+
+    def check(self) -> None:
+        """Raise the session's error, if it died."""
+        if self.error is not None:
+            raise SourceError(
+                f"the replication session of slot {self.runner.slot!r} failed: {self.error}"
+            ) from self.error
+        if not self._thread.is_alive() and not self._stopping and self._thread.ident is not None:
+            raise SourceError(f"the replication session of slot {self.runner.slot!r} ended")
+
+    @property
+    def server_position(self) -> Lsn:
+        """How far the server has sent (a keepalive's walEnd when idle): every transaction
+        that committed before it and is published is in the spool."""
+        client = self.runner.client
+        stream = client.stream if client is not None else None
+        if stream is None or not stream.tracker.idle:
+            return Lsn(0)
+        return max(stream.tracker.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
+
+    def wait_for(self, lsn: Lsn, timeout: float) -> bool:
+        """Wait until the spool holds everything up to `lsn`; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.spool.changed:
+            while True:
+                self.check()
+                last = self.spool.last_lsn
+                if (last is not None and last >= lsn) or self.server_position >= lsn:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.spool.changed.wait(min(remaining, 0.2))
+
+    def confirm(self, lsn: Lsn) -> None:
+        """Spark committed everything up to `lsn`: the slot may move there."""
+        self.runner.confirm(lsn)
+        self.spool.release(lsn)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.runner.stop()
+        self._thread.join(timeout=30)
+        self.spool.close()

@@ -642,6 +642,16 @@ def publication_describe(name: str, conninfo: str) -> None:
 
 
 @cli.command()
+@click.argument("pipeline", type=click.Path(exists=True, dir_okay=False))
+@_user_errors
+def run(pipeline: str) -> None:
+    """Run a pipeline (PIPELINE.toml): a slot's changes into Delta mirror/history tables."""
+    from pgcdc.cli.run import run_pipeline
+
+    run_pipeline(pipeline)
+
+
+@cli.command()
 @_user_errors
 def demo() -> None:
     """Start an embedded PostgreSQL, run a small workload, print its decoded changes."""

@@ -1,0 +1,118 @@
+"""`pgcdc run PIPELINE.toml`: the pipeline with a live progress view.
+
+The view shows changes per second, the lag (bytes of WAL behind the server, seconds since the
+last applied commit when changes are pending) and per-target row counts. The first Ctrl-C
+finishes the batch in progress and stops cleanly; a second one stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from pgcdc.protocol import Lsn
+from pgcdc.replication.slots import connect_sql
+from pgcdc.spark.config import load_config
+from pgcdc.spark.pipeline import Pipeline, PipelineStats
+
+__all__ = ["run_pipeline"]
+
+
+class _Lag:
+    """The server's WAL position, sampled at most once a second."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.conn: Any = None
+        self.sampled = 0.0
+        self.position: Lsn | None = None
+
+    def server_lsn(self) -> Lsn | None:
+        if time.monotonic() - self.sampled >= 1.0:
+            self.sampled = time.monotonic()
+            try:
+                if self.conn is None:
+                    self.conn = connect_sql(self.conninfo)
+                row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                self.position = Lsn.parse(row[0])
+            except Exception:  # the view must not stop the pipeline
+                self.conn = None
+        return self.position
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _view(pipeline: Pipeline, lag: _Lag, rates: list[tuple[float, int]], stopping: bool) -> Table:
+    stats: PipelineStats = pipeline.stats
+    now = time.monotonic()
+    rates.append((now, stats.changes))
+    while len(rates) > 2 and now - rates[0][0] > 10:
+        rates.pop(0)
+    (t0, c0), (t1, c1) = rates[0], rates[-1]
+    rate = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+    table = Table(title=f"pgcdc run {pipeline.config.name}", title_justify="left", expand=False)
+    table.add_column("target")
+    table.add_column("rows applied", justify="right")
+    for name in sorted({n for n in stats.per_table} | _target_names(pipeline)):
+        table.add_row(name, f"{stats.per_table.get(name, 0):,}")
+    server = lag.server_lsn()
+    behind = "?"
+    if server is not None and stats.last_commit_lsn is not None:
+        behind = f"{max(0, server - stats.last_commit_lsn):,} B"
+    seconds = "-"
+    if stats.last_commit_time is not None:
+        from datetime import UTC, datetime
+
+        seconds = f"{(datetime.now(UTC) - stats.last_commit_time).total_seconds():.1f} s"
+    state = "finishing the current batch, then stopping" if stopping else "running"
+    table.caption = (
+        f"{state} · {stats.batches} batches · {stats.changes:,} changes · {rate:,.0f} changes/s"
+        f" · lag {behind}, last commit {seconds} ago · Ctrl-C to stop"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _target_names(pipeline: Pipeline) -> set[str]:
+    return {f"{table} {spec.mode}" for table, ts in pipeline.targets.items() for spec, _ in ts}
+
+
+def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
+    config = load_config(path)
+    console = console or Console(stderr=True)
+    console.print(f"[cyan]Starting Spark and the pipeline {config.name!r} ...[/]")
+    pipeline = Pipeline(config)
+    lag = _Lag(config.conninfo)
+    rates: list[tuple[float, int]] = []
+    interrupts = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt
+        pipeline.stop()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+
+            def tick() -> None:
+                live.update(_view(pipeline, lag, rates, interrupts > 0))
+
+            stats = pipeline.run(tick=tick)
+            tick()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        lag.close()
+    console.print(
+        f"[green]Stopped cleanly[/] after {stats.batches} batches, {stats.changes:,} changes."
+    )
+    return stats

@@ -1,0 +1,154 @@
+"""Pipeline configuration: what `pgcdc run pipeline.toml` reads.
+
+```toml
+name = "shop"                      # also the targets' exactly-once application id
+
+[source]
+conninfo = "host=db dbname=shop"   # libpq string or URI
+publication = "shop_pub"
+slot = "shop_slot"
+create_slot = true                 # create the slot when missing
+streaming = "on"                   # how the server sends large transactions (on/off)
+
+[target]
+path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
+
+[trigger]
+available_now = false              # true: catch up, then stop
+interval = "1 second"              # between micro-batches when continuous
+max_changes_per_batch = 1000000
+
+[tables]
+"public.customers" = ["mirror", "history"]
+"public.orders" = "mirror"
+```
+
+Paths are relative to the configuration file's directory. ``checkpoint`` (``[target]``)
+defaults to ``<path>/_pgcdc/<name>/checkpoint``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pgcdc.errors import PgcdcError
+
+__all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
+
+MODES = ("mirror", "history", "changelog")
+_SUFFIX = {"mirror": "", "history": "__history", "changelog": "__changelog"}
+
+
+class ConfigError(PgcdcError):
+    """The pipeline configuration is missing something or has a wrong value."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableTarget:
+    table: str  # schema.table
+    mode: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    name: str
+    conninfo: str
+    publication: str
+    slot: str
+    target_path: str
+    tables: dict[str, tuple[str, ...]]
+    create_slot: bool = False
+    streaming: str | None = None
+    available_now: bool = False
+    interval: str = "1 second"
+    max_changes_per_batch: int | None = 1_000_000
+    checkpoint: str | None = None
+    source_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint or str(Path(self.target_path) / "_pgcdc" / self.name / "checkpoint")
+
+    @property
+    def app_id(self) -> str:
+        return f"pgcdc:{self.name}"
+
+    def targets(self) -> list[TableTarget]:
+        out = []
+        for table, modes in self.tables.items():
+            for mode in modes:
+                path = str(Path(self.target_path) / f"{table}{_SUFFIX[mode]}")
+                out.append(TableTarget(table, mode, path))
+        return out
+
+
+def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    return value
+
+
+def _required(section: dict[str, Any], key: str, where: str) -> str:
+    value = section.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key} is required (a string)")
+    return value
+
+
+def _modes(table: str, value: Any) -> tuple[str, ...]:
+    modes = (value,) if isinstance(value, str) else tuple(value)
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise ConfigError(
+            f"tables.{table!r}: modes must be among {', '.join(MODES)} (got {value!r})"
+        )
+    return modes
+
+
+def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
+    source = _section(data, "source")
+    target = _section(data, "target")
+    trigger = _section(data, "trigger")
+    tables = _section(data, "tables")
+    if not tables:
+        raise ConfigError('[tables] must name at least one table, e.g. "public.t" = "mirror"')
+    parsed_tables = {}
+    for name, modes in tables.items():
+        qualified = name if "." in name else f"public.{name}"
+        parsed_tables[qualified] = _modes(name, modes)
+    target_path = base / _required(target, "path", "target")
+    checkpoint = target.get("checkpoint")
+    max_changes = trigger.get("max_changes_per_batch", 1_000_000)
+    if max_changes is not None and (not isinstance(max_changes, int) or max_changes <= 0):
+        raise ConfigError("trigger.max_changes_per_batch must be a positive integer")
+    return PipelineConfig(
+        name=data.get("name", "pipeline"),
+        conninfo=_required(source, "conninfo", "source"),
+        publication=_required(source, "publication", "source"),
+        slot=_required(source, "slot", "source"),
+        target_path=str(target_path),
+        tables=parsed_tables,
+        create_slot=bool(source.get("create_slot", False)),
+        streaming=source.get("streaming"),
+        available_now=bool(trigger.get("available_now", False)),
+        interval=str(trigger.get("interval", "1 second")),
+        max_changes_per_batch=max_changes,
+        checkpoint=None if checkpoint is None else str(base / checkpoint),
+        source_options={str(k): str(v) for k, v in _section(source, "options").items()},
+    )
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return parse_config(data, path.parent)

@@ -1,0 +1,261 @@
+"""The main job: a pgoutput stream applied, batch by batch, to Delta targets.
+
+Each micro-batch is collected on the driver as Arrow, split by source table and applied to
+that table's targets (mirror, history, changelog); every target commits its data together
+with the batch's highest commit LSN, so a batch replayed after a crash, or a stream restarted
+without its checkpoint, changes nothing. The slot moves only after Spark committed a batch, and
+once more when the pipeline stops cleanly (to the last batch Spark finished).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.decoding.catalog import Catalog
+from pgcdc.errors import PgcdcError
+from pgcdc.protocol import Lsn
+from pgcdc.replication.slots import connect_sql, get_slot
+from pgcdc.spark.config import PipelineConfig, TableTarget
+from pgcdc.targets import DeltaTarget
+from pgcdc.types.catalog import resolve
+from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
+
+__all__ = ["BatchReport", "Pipeline", "PipelineStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BatchReport:
+    batch_id: int
+    changes: int
+    #: Rows applied per target ("schema.table mode"); replayed rows are not counted.
+    applied: dict[str, int]
+    skipped: int
+    last_commit_lsn: Lsn | None
+    last_commit_time: datetime | None
+    seconds: float
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    batches: int = 0
+    changes: int = 0
+    per_table: dict[str, int] = field(default_factory=dict)
+    last_commit_lsn: Lsn | None = None
+    last_commit_time: datetime | None = None
+    last_batch_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, report: BatchReport) -> None:
+        self.batches += 1
+        self.changes += report.changes
+        for name, count in report.applied.items():
+            self.per_table[name] = self.per_table.get(name, 0) + count
+        if report.last_commit_lsn is not None:
+            self.last_commit_lsn = report.last_commit_lsn
+            self.last_commit_time = report.last_commit_time
+        self.last_batch_at = time.monotonic()
+
+
+class Pipeline:
+    """Runs one configuration on a Spark session (`run`, `stop` from any thread)."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: Any = None,
+        *,
+        on_batch: Callable[[BatchReport], None] | None = None,
+    ) -> None:
+        self.config = config
+        if spark is None:
+            from pgcdc.spark.session import local_session
+
+            spark = local_session(f"pgcdc-{config.name}")
+        self.spark = spark
+        self.on_batch = on_batch
+        self.registry: TypeRegistry = DEFAULT_REGISTRY.copy()
+        self.catalog = Catalog(config.conninfo)
+        self.targets: dict[str, list[tuple[TableTarget, DeltaTarget]]] = {}
+        for spec in config.targets():
+            target = DeltaTarget(
+                spec.path,
+                spec.mode,
+                app_id=config.app_id,
+                registry=self.registry,
+                source=spec.table,
+            )
+            self.targets.setdefault(spec.table, []).append((spec, target))
+        self.stats = PipelineStats()
+        self.query: Any = None
+        self._stopping = threading.Event()
+
+    # -- the batch function (Spark calls it on the driver) ---------------------------------
+
+    def _resolve_types(self, rows: pa.Table) -> None:
+        columns = pc.list_flatten(rows.column("columns"))
+        if len(columns):
+            oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
+            resolve(self.registry, self.catalog, [o for o in oids if o is not None])
+
+    def apply_batch(self, batch: pa.Table, batch_id: int) -> BatchReport:
+        """Apply one micro-batch of envelope rows to every target."""
+        started = time.monotonic()
+        applied: dict[str, int] = {}
+        skipped = 0
+        if batch.num_rows:
+            self._resolve_types(batch)
+            names = pc.binary_join_element_wise(
+                pc.fill_null(batch.column("schema"), ""), batch.column("table"), "."
+            )
+            for table, targets in self.targets.items():
+                rows = batch.filter(pc.equal(names, table))
+                if not rows.num_rows:
+                    continue
+                for spec, target in targets:
+                    result = target.apply(rows)
+                    applied[f"{table} {spec.mode}"] = result.applied
+                    skipped += result.skipped
+        last_lsn = last_time = None
+        if batch.num_rows:
+            last = pc.max(batch.column("commit_lsn")).as_py()
+            last_lsn = Lsn(last)
+            last_time = pc.max(batch.column("commit_ts")).as_py()
+        report = BatchReport(
+            batch_id,
+            batch.num_rows,
+            applied,
+            skipped,
+            last_lsn,
+            last_time,
+            time.monotonic() - started,
+        )
+        self.stats.add(report)
+        if self.on_batch is not None:
+            self.on_batch(report)
+        return report
+
+    def _foreach_batch(self, df: Any, batch_id: int) -> None:
+        self.apply_batch(df.toArrow(), batch_id)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def start(self) -> Any:
+        config = self.config
+        options = {
+            "conninfo": config.conninfo,
+            "slot": config.slot,
+            "publication": config.publication,
+            "createSlot": str(config.create_slot).lower(),
+            "statusInterval": "1",
+        }
+        if config.max_changes_per_batch is not None:
+            options["maxChangesPerBatch"] = str(config.max_changes_per_batch)
+        if config.streaming is not None:
+            options["streaming"] = config.streaming
+        options.update(config.source_options)
+        writer = (
+            self.spark.readStream.format("pgoutput")
+            .options(**options)
+            .load()
+            .writeStream.foreachBatch(self._foreach_batch)
+            .option("checkpointLocation", config.checkpoint_path)
+        )
+        if config.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=config.interval)
+        self.query = writer.start()
+        return self.query
+
+    def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
+        """Run until caught up (available-now), `stop()` or an error; `tick` is called about
+        twice a second (for a progress view)."""
+        query = self.query or self.start()
+        try:
+            while query.isActive:
+                if self._stopping.is_set() and not query.status.get("isTriggerActive", False):
+                    query.stop()  # between batches: the one in progress has finished
+                    break
+                query.awaitTermination(0.5)
+                if tick is not None:
+                    tick()
+            exc = query.exception()
+            if exc is not None:
+                raise PipelineFailed(_spark_error_text(exc)) from None
+        finally:
+            self._after_stop()
+        return self.stats
+
+    def stop(self) -> None:
+        """Finish the batch in progress, then stop."""
+        self._stopping.set()
+
+    def _after_stop(self) -> None:
+        """Move the slot to the last batch Spark committed: the data source process is gone
+        before its (one batch late) commit call could."""
+        progress = self.query.lastProgress if self.query is not None else None
+        end = _end_offset(progress)
+        self.catalog.close()
+        if end is None:
+            return
+        try:
+            _advance_when_free(self.config.conninfo, self.config.slot, Lsn.parse(end))
+        except PgcdcError as exc:
+            log.warning("could not move slot %s to %s: %s", self.config.slot, end, exc)
+
+
+def _end_offset(progress: Any) -> str | None:
+    """The source's end offset in a StreamingQueryProgress (an object or a dict, the offset
+    a dict or its JSON)."""
+    if progress is None:
+        return None
+    sources = getattr(progress, "sources", None)
+    if sources is None:
+        sources = progress.get("sources") if isinstance(progress, dict) else None
+    if not sources:
+        return None
+    first = sources[0]
+    end = getattr(first, "endOffset", None)
+    if end is None and isinstance(first, dict):
+        end = first.get("endOffset")
+    if isinstance(end, str):
+        end = json.loads(end)
+    return end.get("lsn") if isinstance(end, dict) else None
+
+
+class PipelineFailed(PgcdcError):
+    """The streaming query stopped with an error (the first line of Spark's, cleaned up)."""
+
+
+def _spark_error_text(exc: Any) -> str:
+    """The useful part of a StreamingQueryException: pgcdc's own error line if there is one."""
+    text = str(getattr(exc, "desc", None) or exc)
+    for line in text.splitlines():
+        for marker in ("pgcdc.errors.", "SourceError:", "SchemaChangeError:", "TargetError:"):
+            if marker in line:
+                return line.split(marker, 1)[-1].split(": ", 1)[-1].strip()
+    return text.strip().splitlines()[0] if text.strip() else repr(exc)
+
+
+def _advance_when_free(conninfo: str, slot: str, lsn: Lsn, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (info := get_slot(conninfo, slot)).active:
+        if time.monotonic() > deadline:
+            return  # someone else runs it now; it will confirm on its own
+        time.sleep(0.2)
+    if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= lsn:
+        return
+    with connect_sql(conninfo) as conn:
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(lsn)))

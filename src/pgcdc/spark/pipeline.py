@@ -183,6 +183,8 @@ class Pipeline:
         """Run until caught up (available-now), `stop()` or an error; `tick` is called about
         twice a second (for a progress view)."""
         query = self.query or self.start()
+        from pyspark.errors import StreamingQueryException
+
         try:
             while query.isActive:
                 if self._stopping.is_set() and not query.status.get("isTriggerActive", False):
@@ -193,7 +195,9 @@ class Pipeline:
                     tick()
             exc = query.exception()
             if exc is not None:
-                raise PipelineFailed(_spark_error_text(exc)) from None
+                raise PipelineFailed(_spark_error_text(exc))
+        except StreamingQueryException as exc:
+            raise PipelineFailed(_spark_error_text(exc)) from None
         finally:
             self._after_stop()
         return self.stats

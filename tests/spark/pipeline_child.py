@@ -1,0 +1,38 @@
+"""Runs one pipeline in its own process, for the crash tests.
+
+    python pipeline_child.py CONFIG_JSON [--exit-after-batches N]
+
+With ``--exit-after-batches N`` the process dies (``os._exit``) right after the N-th batch's
+Delta commits and before Spark records the batch as done: the worst moment to crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from pgcdc.spark.config import parse_config
+from pgcdc.spark.pipeline import BatchReport, Pipeline
+from pgcdc.spark.session import local_session
+
+
+def main() -> None:
+    config = parse_config(json.loads(sys.argv[1]))
+    exit_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    done = 0
+
+    def on_batch(report: BatchReport) -> None:
+        nonlocal done
+        done += 1
+        print(f"batch {report.batch_id} changes {report.changes}", flush=True)
+        if exit_after is not None and done >= exit_after:
+            os._exit(3)
+
+    spark = local_session("pgcdc-crash-test", cores="2")
+    Pipeline(config, spark, on_batch=on_batch).run()
+    print("caught up", flush=True)
+
+
+if __name__ == "__main__":
+    main()

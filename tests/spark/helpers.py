@@ -88,7 +88,7 @@ def verdicts(db: Database, config: dict[str, Any]) -> list[Any]:
             continue
         target = DeltaTarget(spec.path, spec.mode, app_id="pgcdc:test")
         compare = compare_mirror if spec.mode == "mirror" else compare_history
-        out.append(compare(db.dsn, spec.table, target.to_arrow()))
+        out.append(compare(db.dsn, spec.table, target.to_arrow() if target.exists else None))
     return out
 
 

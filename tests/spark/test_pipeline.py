@@ -20,8 +20,8 @@ SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, name text, tags text[], profile jsonb,
                         balance numeric(12,2), notes text, seen timestamptz);
 ALTER TABLE customers ALTER notes SET STORAGE EXTERNAL;
-CREATE TABLE orders (id int PRIMARY KEY, customer bigint REFERENCES customers ON DELETE CASCADE ON UPDATE CASCADE,
-                     total numeric(12,2));
+CREATE TABLE orders (id int PRIMARY KEY, total numeric(12,2),
+                     customer bigint REFERENCES customers ON DELETE CASCADE ON UPDATE CASCADE);
 CREATE TABLE events (kind text, at int, payload jsonb);
 ALTER TABLE events REPLICA IDENTITY FULL;
 CREATE TABLE big (id int PRIMARY KEY, v text);
@@ -54,7 +54,7 @@ def workload(db: Database) -> None:
         f"CASE WHEN g % 2 = 0 THEN '{notes}' END, '2026-01-01 10:00+00' "
         "FROM generate_series(1, 40) g"
     )
-    db.execute("INSERT INTO orders SELECT g, g % 40 + 1, g * 2 FROM generate_series(1, 60) g")
+    db.execute("INSERT INTO orders SELECT g, g * 2, g % 40 + 1 FROM generate_series(1, 60) g")
     db.execute("INSERT INTO events VALUES ('a', 1, '{}'), ('a', 1, '{}'), ('b', 2, NULL)")
     with db.connect() as a, db.connect() as b:
         a.execute("BEGIN")
@@ -73,7 +73,7 @@ def workload(db: Database) -> None:
     db.execute("BEGIN; INSERT INTO big VALUES (2, 'rolled back'); PREPARE TRANSACTION 'p2'")
     db.execute("ROLLBACK PREPARED 'p2'")
     db.execute("TRUNCATE orders")
-    db.execute("INSERT INTO orders VALUES (1, 1, 1.00), (2, 2, 2.00)")
+    db.execute("INSERT INTO orders VALUES (1, 1.00, 1), (2, 2.00, 2)")
     db.execute("UPDATE orders SET total = 3 WHERE id = 1")
 
 
@@ -153,19 +153,19 @@ def test_row_filters_convert_updates(spark: Any, pg: Database, tmp_path: Path) -
 
 def test_schema_changes(spark: Any, pg: Database, tmp_path: Path) -> None:
     slot, publication = setup(pg)
-    pg.execute("INSERT INTO orders VALUES (1, NULL, 1.5)")
+    pg.execute("INSERT INTO orders VALUES (1, 1.5)")
     config = pipeline_config(pg, slot, publication, tmp_path / "lake", {"public.orders": "mirror"})
     run_pipeline(spark, config)
     # An added column appears; widening int4 to int8 evolves the target.
     pg.execute("ALTER TABLE orders ADD COLUMN note text")
-    pg.execute("INSERT INTO orders VALUES (2, NULL, 2.5, 'new column')")
+    pg.execute("INSERT INTO orders VALUES (2, 2.5, NULL, 'new column')")
     pg.execute("ALTER TABLE orders ALTER id TYPE bigint")
-    pg.execute("INSERT INTO orders VALUES (3000000000, NULL, 3, 'wide')")
+    pg.execute("INSERT INTO orders VALUES (3000000000, 3, NULL, 'wide')")
     run_pipeline(spark, config)
     assert_identical(pg, config)
     # An incompatible change stops the pipeline, names table, column and LSN, moves nothing.
     pg.execute("ALTER TABLE orders ALTER total TYPE text")
-    pg.execute("INSERT INTO orders VALUES (4, NULL, 'four', 'x')")
+    pg.execute("INSERT INTO orders VALUES (4, 'four', NULL, 'x')")
     before = confirmed_flush(pg, slot)
     from pgcdc.spark.pipeline import PipelineFailed
 

@@ -88,7 +88,9 @@ def _keyed(table: pa.Table, names: list[str]) -> Counter[str]:
     return Counter(repr(tuple(row[n] for n in names)) for row in table.to_pylist())
 
 
-def _compare(table: str, source: pa.Table, target: pa.Table) -> Verdict:
+def _compare(table: str, source: pa.Table, target: pa.Table | None) -> Verdict:
+    if target is None:  # never created: nothing was ever applied
+        target = source.schema.empty_table()
     names = source.column_names
     missing_cols = [n for n in names if n not in target.column_names]
     if missing_cols:
@@ -106,14 +108,16 @@ def _compare(table: str, source: pa.Table, target: pa.Table) -> Verdict:
     )
 
 
-def compare_mirror(conninfo: str, table: str, target: pa.Table) -> Verdict:
-    """A mirror's rows against the source table's."""
+def compare_mirror(conninfo: str, table: str, target: pa.Table | None) -> Verdict:
+    """A mirror's rows (None: the target table does not exist) against the source's."""
     return _compare(table, source_rows(conninfo, table), target)
 
 
-def compare_history(conninfo: str, table: str, history: pa.Table) -> Verdict:
+def compare_history(conninfo: str, table: str, history: pa.Table | None) -> Verdict:
     """A history table's current versions (``__END_AT`` null) against the source; also
     checks that no version was written twice."""
+    if history is None:
+        return compare_mirror(conninfo, table, None)
     starts = history.column("__START_AT").to_pylist()
     key_names = [n for n in history.column_names if not n.startswith("__")]
     versions = Counter(

@@ -1,0 +1,748 @@
+"""Delta Lake targets (through `deltalake`, delta-rs): one source table into one Delta table.
+
+Modes:
+
+* ``mirror`` (SCD type 1): the table equals the source table. A batch is folded per key
+  (`pgcdc.targets.fold`) and written as one MERGE keyed on the replica identity; a batch with
+  a TRUNCATE is one overwrite with what follows the truncation.
+* ``history`` (SCD type 2, as AUTO CDC's): one row per version, the source columns plus
+  ``__START_AT`` and ``__END_AT`` (struct<commit_lsn, ordinal>, the change's sequence;
+  ``__END_AT`` null for the current version). One MERGE per batch ends the key's current
+  version and inserts the new ones; a TRUNCATE ends every current version.
+* ``changelog``: the envelope rows, appended.
+
+Exactly once: the highest commit LSN applied is recorded in the same commit as the data, as
+the Delta application transaction version of `app_id`; `apply` first drops rows at or below
+it, so a replayed batch changes nothing. Batches must hold whole transactions (all rows of a
+commit LSN). When a batch needs more than one commit (table creation, a widening rewrite, a
+change of the replica identity inside the batch), only the last one carries the watermark and
+each earlier one is idempotent: the history MERGE matches a version by its ``__START_AT``, so
+a replay never inserts it twice, and ends only versions that started before the ending change.
+A MERGE that changes no row makes no commit in delta-rs; the watermark then goes in an empty
+append.
+
+Keys: the replica identity's columns (``t.k = s.k``). Under REPLICA IDENTITY FULL every column
+is the key, compared null-safely (``IS NOT DISTINCT FROM``). The limit: identical duplicate
+rows cannot be told apart; inserting a copy of an existing row keeps one row, and deleting or
+updating one copy affects every copy. Tables with no identity (REPLICA IDENTITY NOTHING) only
+accept inserts, which are appended.
+
+Schema changes (each change's ``columns`` describe the relation as of that change), applied
+in sequence order, batch by batch:
+
+* an added column is added to the table (MERGE with schema merge); older rows hold NULL;
+* a dropped column stays; rows written afterwards hold NULL in it;
+* a type change to the same Arrow type changes nothing; a lossless widening (int16 → int32 →
+  int64, float32 → float64, decimal(p,s) → decimal(p',s) with p' ≥ p, and arrays of those)
+  rewrites the table with the wider type in one commit before the batch's data; a change
+  back to a narrower type the column already holds keeps the wider column;
+* anything else (e.g. int or decimal to text, a scale change) raises `SchemaChangeError`
+  naming the table, column, both types and the LSN of the change; nothing is written.
+
+Types Delta cannot store (``time`` as TimeType, ``interval`` as DayTimeIntervalType) raise
+`TargetError`; map them to strings (`MappingOptions(time="string", interval="string")`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+
+from pgcdc.errors import SchemaChangeError, TargetError
+from pgcdc.protocol import Column, Lsn, Relation, TupleData
+from pgcdc.spark.envelope import ENVELOPE_ARROW_SCHEMA
+from pgcdc.targets.fold import (
+    Change,
+    HistoryPlan,
+    Image,
+    Key,
+    MirrorPlan,
+    Seq,
+    Shape,
+    changes_from_envelope,
+    fold_history,
+    fold_mirror,
+    segments,
+)
+from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
+from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
+from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
+
+__all__ = ["END_AT", "SEQUENCE_TYPE", "START_AT", "ApplyResult", "DeltaTarget", "Mode"]
+
+Mode = Literal["mirror", "history", "changelog"]
+MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
+START_AT = "__START_AT"
+END_AT = "__END_AT"
+SEQUENCE_TYPE = pa.struct([("commit_lsn", pa.int64()), ("ordinal", pa.int64())])
+#: The merge source's column telling what a row does; never written to the table.
+ACTION = "_pgcdc_action"
+#: Above this many keys, a lookup of current rows scans instead of listing the keys.
+_MAX_IN_LIST = 10_000
+_T, _N, _U = 0x74, 0x6E, 0x75
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one `DeltaTarget.apply` did.
+
+    `applied`: rows above the watermark (the ones used); `skipped`: rows at or below it.
+    `upserts`: rows upserted (mirror), versions opened (history) or rows appended (changelog);
+    `deletes`: keys deleted (mirror) or delete changes applied (history). `watermark`: the
+    highest commit LSN applied, after this call. `version`: the Delta version of the last
+    commit made, None when nothing was written."""
+
+    applied: int
+    skipped: int
+    upserts: int
+    deletes: int
+    watermark: int | None
+    version: int | None
+
+
+def _q(name: str) -> str:
+    """A quoted SQL identifier (delta-rs predicates are DataFusion SQL)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _canonical(t: pa.DataType) -> pa.DataType:
+    """`t` without what Delta does not keep: list item names, string and binary layouts."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(pa.field("element", _canonical(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _canonical(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_canonical(t.key_type), _canonical(t.item_type))
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    return t
+
+
+def _same(a: pa.DataType, b: pa.DataType) -> bool:
+    return _canonical(a).equals(_canonical(b))
+
+
+_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+
+
+def _widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether every `old` value is exactly a `new` value (and the types differ)."""
+    if old in _INTS and new in _INTS:
+        return _INTS.index(new) > _INTS.index(old)
+    if pa.types.is_float32(old) and pa.types.is_float64(new):
+        return True
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return old.scale == new.scale and new.precision > old.precision
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return _widens(old.value_type, new.value_type)
+    return False
+
+
+def _seq_sql(seq: Seq) -> str:
+    lsn, ordinal = seq
+    return (
+        f"named_struct('commit_lsn', arrow_cast({lsn}, 'Int64'), "
+        f"'ordinal', arrow_cast({ordinal}, 'Int64'))"
+    )
+
+
+def _before(a: str, b: str) -> str:
+    """SQL: sequence struct `a` orders before `b`."""
+    return (
+        f"({a}['commit_lsn'] < {b}['commit_lsn'] OR ({a}['commit_lsn'] = {b}['commit_lsn'] "
+        f"AND {a}['ordinal'] < {b}['ordinal']))"
+    )
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in value.items())
+    return value
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with `schema`'s columns, in its order: missing ones null, others cast."""
+    n = table.num_rows
+    names = set(table.column_names)
+    arrays = [
+        table.column(f.name).cast(f.type) if f.name in names else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+@dataclass(slots=True)
+class _Evolution:
+    """The table schema a batch needs: `schema` (current columns first, new ones after);
+    `widened`: existing columns whose type grows (the table is rewritten)."""
+
+    schema: pa.Schema
+    widened: set[str]
+
+
+class DeltaTarget:
+    """One Delta table at `path`, kept from one source table's change envelopes.
+
+    `app_id` names the writer in the table's application transactions (the watermark); two
+    pipelines writing one table need different ones. `source` ("schema.table") names the
+    table in messages and is stored with the table as ``pgcdc.source``."""
+
+    def __init__(
+        self,
+        path: str,
+        mode: Mode,
+        *,
+        app_id: str,
+        registry: TypeRegistry = DEFAULT_REGISTRY,
+        options: MappingOptions = DEFAULT_OPTIONS,
+        storage_options: dict[str, str] | None = None,
+        source: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if not app_id:
+            raise ValueError("app_id must not be empty")
+        self.path = str(path)
+        self.mode: Mode = mode
+        self.app_id = app_id
+        self.registry = registry
+        self.options = options
+        self.storage_options = storage_options
+        self.source = source
+        self._builders: dict[Shape, ArrowBatchBuilder] = {}
+
+    def __repr__(self) -> str:
+        return f"DeltaTarget({self.path!r}, {self.mode!r}, app_id={self.app_id!r})"
+
+    # --- the table ---------------------------------------------------------------------
+
+    def _open(self) -> DeltaTable | None:
+        """The table, or None when there is none yet; refuses one of another mode or source."""
+        if not DeltaTable.is_deltatable(self.path, self.storage_options):
+            return None
+        table = self._load()
+        config = table.metadata().configuration
+        mode = config.get("pgcdc.mode")
+        if mode is not None and mode != self.mode:
+            raise TargetError(f"{self.path} is a pgcdc {mode} table, not {self.mode}")
+        return table
+
+    def _load(self) -> DeltaTable:
+        return DeltaTable(self.path, storage_options=self.storage_options)
+
+    def _create(self, schema: pa.Schema, source: str) -> DeltaTable:
+        configuration = {"pgcdc.mode": self.mode, "pgcdc.source": source}
+        return DeltaTable.create(
+            self.path,
+            schema,
+            mode="ignore",
+            name=source,
+            configuration=configuration,
+            storage_options=self.storage_options,
+            raise_if_key_not_exists=False,  # delta-rs refuses keys outside delta.* otherwise
+        )
+
+    @property
+    def watermark(self) -> int | None:
+        """The highest commit LSN applied (None: nothing applied yet)."""
+        table = self._open()
+        return None if table is None else table.transaction_version(self.app_id)
+
+    def _schema(self, table: DeltaTable) -> pa.Schema:
+        return pa.schema(table.schema().to_arrow())
+
+    def _query(self, table: DeltaTable, sql: str, schema: pa.Schema) -> pa.Table:
+        """`sql` over the table (registered as ``t``), cast to `schema`.
+
+        Through DataFusion rather than `to_pyarrow_table`: pyarrow's dataset scan over
+        delta-rs's Python file system can abort the interpreter at exit; DataFusion also
+        returns string_view columns, hence the cast."""
+        result = pa.table(QueryBuilder().register("t", table).execute(sql))
+        return _conform(result, schema)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the table was created (by a first apply with data)."""
+        return DeltaTable.is_deltatable(self.path, self.storage_options)
+
+    def to_arrow(self) -> pa.Table:
+        """The table's current contents (row order unspecified)."""
+        table = self._open()
+        if table is None:
+            raise TargetError(f"no Delta table at {self.path}")
+        return self._query(table, "SELECT * FROM t", self._schema(table))
+
+    # --- apply -------------------------------------------------------------------------
+
+    def apply(self, rows: pa.Table) -> ApplyResult:
+        """Applies one batch of envelope rows of one source table (any order).
+
+        Rows at or below the watermark are skipped; the rest are written with the new
+        watermark in the same (last) commit. A batch that raises writes nothing."""
+        # Builders live for one batch: the registry may learn types between batches, and a
+        # failed batch must leave no rows in them.
+        self._builders.clear()
+        table = self._open()
+        watermark = None if table is None else table.transaction_version(self.app_id)
+        total = rows.num_rows
+        if watermark is not None and total:
+            rows = rows.filter(pc.greater(rows.column("commit_lsn"), pa.scalar(watermark)))
+        skipped = total - rows.num_rows
+        if rows.num_rows == 0:
+            return ApplyResult(0, skipped, 0, 0, watermark, None)
+        high = pc.max(rows.column("commit_lsn")).as_py()
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, high)])
+        if self.mode == "changelog":
+            upserts, deletes, version = self._append(table, rows, commit)
+        else:
+            changes = changes_from_envelope(rows)
+            if not changes:  # only logical messages: nothing to write
+                return ApplyResult(0, skipped, 0, 0, watermark, None)
+            upserts, deletes, version = self._apply_changes(table, changes, commit)
+        return ApplyResult(rows.num_rows, skipped, upserts, deletes, high, version)
+
+    def _append(
+        self, table: DeltaTable | None, rows: pa.Table, commit: CommitProperties
+    ) -> tuple[int, int, int]:
+        if rows.column_names == ENVELOPE_ARROW_SCHEMA.names:
+            rows = _conform(rows, ENVELOPE_ARROW_SCHEMA)
+        if table is None:
+            table = self._create(rows.schema, self.source or _source_of(rows))
+        elif not _same_schema(self._schema(table), rows.schema):
+            rows = _conform(rows, self._schema(table))
+        write_deltalake(table, rows, mode="append", commit_properties=commit)
+        return rows.num_rows, 0, self._load().version()
+
+    def _apply_changes(
+        self, table: DeltaTable | None, changes: list[Change], commit: CommitProperties
+    ) -> tuple[int, int, int]:
+        source = self._check_source(table, changes)
+        current = None if table is None else self._schema(table)
+        evolution = self._evolve(current, changes, source)
+        schema = evolution.schema
+        runs = list(segments(changes))
+        # Everything that can fail on the data (typing, the policy on out-of-range values)
+        # happens before the first write.
+        plans = [fold_mirror(run) if self.mode == "mirror" else fold_history(run) for run in runs]
+        typed = [self._type_plan(plan, schema) for plan in plans]
+        if table is None:
+            table = self._create(schema, source)
+        elif evolution.widened:
+            self._rewrite(table, schema)
+        upserts = deletes = 0
+        for i, (plan, data) in enumerate(zip(plans, typed, strict=True)):
+            last = i == len(plans) - 1
+            table = self._load()
+            props = commit if last else None
+            if isinstance(plan, MirrorPlan):
+                written = self._write_mirror(table, plan, data, schema, props)
+                upserts += len(plan.upserts)
+                deletes += len(plan.deletes)
+            else:
+                written = self._write_history(table, plan, data, schema, props)
+                upserts += len(plan.versions)
+                deletes += plan.deletes
+            if last and not written:  # a merge that changed nothing makes no commit
+                self._mark(table, commit)
+        return upserts, deletes, self._load().version()
+
+    def _mark(self, table: DeltaTable, commit: CommitProperties) -> None:
+        """A commit that only records the watermark (an empty append)."""
+        empty = self._schema(table).empty_table()
+        write_deltalake(table, empty, mode="append", commit_properties=commit)
+
+    def _check_source(self, table: DeltaTable | None, changes: list[Change]) -> str:
+        """The source's name; refuses a batch of several tables, or of another table than
+        the one the target was created for."""
+        names = {c.shape.name for c in changes}
+        if len(names) > 1:
+            raise TargetError(f"{self.path}: a batch holds several tables: {sorted(names)}")
+        source = self.source or names.pop()
+        if table is not None:
+            recorded = table.metadata().configuration.get("pgcdc.source")
+            if recorded and recorded != source:
+                raise TargetError(f"{self.path} was created for {recorded}, not {source}")
+        return source
+
+    # --- schema ------------------------------------------------------------------------
+
+    def _builder(self, shape: Shape) -> ArrowBatchBuilder:
+        builder = self._builders.get(shape)
+        if builder is None:
+            columns = tuple(
+                Column(1 if c.key else 0, c.name, c.type_oid, c.type_modifier)
+                for c in shape.columns
+            )
+            relation = Relation(
+                shape.relation_oid, shape.schema, shape.table, shape.replica_identity, columns
+            )
+            builder = ArrowBatchBuilder(
+                relation,
+                self.registry,
+                self.options,
+                schema_name=shape.schema,
+                table_name=shape.table,
+            )
+            self._builders[shape] = builder
+        return builder
+
+    def _shape_fields(self, shape: Shape) -> list[pa.Field]:
+        schema = self._builder(shape).schema
+        return [f for f in schema if f.name != UNCHANGED_TOAST_COLUMN]
+
+    def _evolve(self, current: pa.Schema | None, changes: list[Change], source: str) -> _Evolution:
+        """The schema the batch's rows need, by the policy in the module docstring."""
+        types: dict[str, pa.DataType] = {} if current is None else {f.name: f.type for f in current}
+        widened: set[str] = set()
+        added: set[str] = set()
+        seen: set[Shape] = set()
+        for change in changes:
+            shape = change.shape
+            if shape in seen:
+                continue
+            seen.add(shape)
+            for f in self._shape_fields(shape):
+                if self.mode == "history" and f.name in (START_AT, END_AT):
+                    raise TargetError(f"{source}.{f.name}: the name of a history column")
+                old = types.get(f.name)
+                if old is None:
+                    _check_storable(source, f)
+                    types[f.name] = f.type
+                    added.add(f.name)
+                elif _same(old, f.type) or _widens(f.type, old):
+                    continue
+                elif _widens(old, f.type):
+                    _check_storable(source, f)
+                    types[f.name] = f.type
+                    if f.name not in added:
+                        widened.add(f.name)
+                else:
+                    codec = self.registry.get(_column(shape, f.name).type_oid)
+                    raise SchemaChangeError(
+                        table=source,
+                        column=f.name,
+                        old_type=str(_canonical(old)),
+                        new_type=f"{_canonical(f.type)} ({codec.name})",
+                        lsn=Lsn(change.lsn if change.lsn is not None else change.seq[0]),
+                    )
+        fields = [pa.field(name, t) for name, t in types.items()]
+        if current is None and self.mode == "history":
+            fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
+        return _Evolution(pa.schema(fields), widened)
+
+    def _rewrite(self, table: DeltaTable, schema: pa.Schema) -> None:
+        """The whole table again, with wider column types (idempotent, no watermark)."""
+        data = _conform(self._query(table, "SELECT * FROM t", self._schema(table)), schema)
+        write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+
+    # --- typing ------------------------------------------------------------------------
+
+    def _type(self, images: Sequence[Image], schema: pa.Schema) -> pa.Table:
+        """Images (text) as typed rows of `schema`, in order; missing values null."""
+        groups: dict[Shape, list[int]] = {}
+        for i, image in enumerate(images):
+            groups.setdefault(image.shape, []).append(i)
+        parts: list[pa.Table] = [schema.empty_table()]
+        order: list[int] = []
+        for shape, positions in groups.items():
+            builder = self._builder(shape)
+            for i in positions:
+                builder.append(_tuple(images[i], shape), images[i].lsn)
+            parts.append(_conform(pa.Table.from_batches([builder.flush()]), schema))
+            order.extend(positions)
+        data = pa.concat_tables(parts)
+        if order != sorted(order):
+            inverse = [0] * len(order)
+            for at, i in enumerate(order):
+                inverse[i] = at
+            data = data.take(pa.array(inverse, pa.int64()))
+        return data
+
+    def _type_plan(self, plan: MirrorPlan | HistoryPlan, schema: pa.Schema) -> pa.Table:
+        """The plan's merge source without the unchanged TOAST values still to be read."""
+        data = pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
+        if isinstance(plan, MirrorPlan):
+            images = [*plan.upserts.values(), *plan.deletes.values()]
+            actions = ["upsert"] * len(plan.upserts) + ["delete"] * len(plan.deletes)
+            typed = self._type(images, data)
+            return typed.append_column(ACTION, pa.array(actions, pa.string()))
+        closes = list(plan.closes.values())
+        images = [image for _, image in closes] + [v.image for v in plan.versions]
+        typed = self._type(images, data)
+        starts = [None] * len(closes) + [_seq(v.start) for v in plan.versions]
+        ends = [_seq(seq) for seq, _ in closes] + [_seq(v.end) for v in plan.versions]
+        actions = ["close"] * len(closes) + ["insert"] * len(plan.versions)
+        typed = typed.append_column(START_AT, pa.array(starts, SEQUENCE_TYPE))
+        typed = typed.append_column(END_AT, pa.array(ends, SEQUENCE_TYPE))
+        return typed.append_column(ACTION, pa.array(actions, pa.string()))
+
+    # --- unchanged TOAST values from the target -----------------------------------------
+
+    def _fill(
+        self,
+        table: DeltaTable,
+        data: pa.Table,
+        images: Sequence[Image],
+        offset: int,
+        lookups: dict[Key, Image],
+        schema: pa.Schema,
+    ) -> pa.Table:
+        """`data` (rows `offset`… are `images`) with each `missing` value taken from the
+        target's current row of its key; a key the target lacks leaves null."""
+        present = set(self._schema(table).names)  # a column added by this batch has no value
+        columns = sorted({c for image in images for c in image.missing if c in present})
+        if not columns or not lookups:
+            return data
+        keys = list(lookups)
+        key_names = list(lookups[keys[0]].shape.key_names)
+        if not present.issuperset(key_names):
+            return data
+        typed_keys = self._type([lookups[k] for k in keys], _pick(schema, key_names))
+        typed_rows = typed_keys.select(key_names).to_pylist()
+        by_text = {k: _hashable(tuple(r.values())) for k, r in zip(keys, typed_rows, strict=True)}
+        current = self._current(table, key_names, columns, typed_keys, schema)
+        index = {
+            _hashable(tuple(r[n] for n in key_names)): i
+            for i, r in enumerate(current.select(key_names).to_pylist())
+        }
+        for column in columns:
+            positions: list[int | None] = [None] * data.num_rows
+            for i, image in enumerate(images):
+                key = image.missing.get(column)
+                if key is not None:
+                    positions[offset + i] = index.get(by_text[key])
+            if all(p is None for p in positions):
+                continue
+            at = data.schema.get_field_index(column)
+            values = data.column(at).combine_chunks()
+            found = current.column(column).take(pa.array(positions, pa.int64()))
+            merged = pa.concat_arrays([values, found.combine_chunks().cast(values.type)])
+            n = data.num_rows
+            pick = [i if p is None else n + i for i, p in enumerate(positions)]
+            data = data.set_column(at, column, merged.take(pa.array(pick, pa.int64())))
+        return data
+
+    def _current(
+        self,
+        table: DeltaTable,
+        key_names: list[str],
+        columns: list[str],
+        typed_keys: pa.Table,
+        schema: pa.Schema,
+    ) -> pa.Table:
+        """The target's current rows of the keys: key columns and `columns`."""
+        wanted = list(dict.fromkeys([*key_names, *columns]))
+        conditions = []
+        if self.mode == "history":
+            conditions.append(f"t.{_q(END_AT)} IS NULL")
+        if len(key_names) == 1 and typed_keys.num_rows <= _MAX_IN_LIST:
+            literals = _literals(typed_keys.column(key_names[0]))
+            if literals is not None:
+                conditions.append(f"t.{_q(key_names[0])} IN ({', '.join(literals)})")
+        sql = f"SELECT {', '.join('t.' + _q(c) for c in wanted)} FROM t"
+        if conditions:
+            sql += " WHERE " + " AND ".join(conditions)
+        return self._query(table, sql, _pick(schema, wanted))
+
+    # --- writing -----------------------------------------------------------------------
+
+    def _key_match(self, shape: Shape | None) -> list[str]:
+        if shape is None or not shape.key_names:
+            return ["FALSE"]  # no identity: rows are only ever inserted
+        if shape.full_identity:
+            return [f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in shape.key_names]
+        return [f"t.{_q(k)} = s.{_q(k)}" for k in shape.key_names]
+
+    def _write_mirror(
+        self,
+        table: DeltaTable,
+        plan: MirrorPlan,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> bool:
+        """One commit: an overwrite after a truncation, else a MERGE. Whether it wrote."""
+        images = list(plan.upserts.values())
+        data = self._fill(table, data, images, 0, plan.lookups, schema)
+        current = self._schema(table)
+        if plan.truncated:
+            write_deltalake(
+                table,
+                _conform(data, schema),
+                mode="overwrite",
+                schema_mode=None if _same_schema(current, schema) else "overwrite",
+                commit_properties=commit,
+            )
+            return True
+        if data.num_rows == 0:
+            return False
+        shape = (images or list(plan.deletes.values()))[0].shape
+        if not shape.key_names:
+            return self._append_rows(table, data, schema, commit)
+        match = self._key_match(shape)
+        before = table.version()
+        columns = {_q(n): f"s.{_q(n)}" for n in schema.names}
+        (
+            table.merge(
+                data,
+                " AND ".join(match),
+                source_alias="s",
+                target_alias="t",
+                merge_schema=not set(schema.names) <= set(current.names),
+                commit_properties=commit,
+            )
+            .when_matched_update(columns, predicate=f"s.{_q(ACTION)} = 'upsert'")
+            .when_matched_delete(predicate=f"s.{_q(ACTION)} = 'delete'")
+            .when_not_matched_insert(columns, predicate=f"s.{_q(ACTION)} = 'upsert'")
+            .execute()
+        )
+        return self._load().version() != before
+
+    def _write_history(
+        self,
+        table: DeltaTable,
+        plan: HistoryPlan,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> bool:
+        """One MERGE: "close" rows end the current version of their key (one that started
+        before), "insert" rows add versions not already there; after a truncation, the
+        versions no row matched end at it."""
+        images = [v.image for v in plan.versions]
+        data = self._fill(table, data, images, len(plan.closes), plan.lookups, schema)
+        if data.num_rows == 0 and plan.truncated_at is None:
+            return False
+        shapes = [image.shape for _, image in plan.closes.values()] + [i.shape for i in images]
+        shape = shapes[0] if shapes else None
+        if shape is not None and not shape.key_names and plan.truncated_at is None:
+            return self._append_rows(table, data, schema, commit)
+        match = self._key_match(shape)
+        action = f"s.{_q(ACTION)}"
+        start, end = f"t.{_q(START_AT)}", f"t.{_q(END_AT)}"
+        closing = f"{action} = 'close' AND {end} IS NULL AND {_before(start, f's.{_q(END_AT)}')}"
+        same_start = (
+            f"{start}['commit_lsn'] = s.{_q(START_AT)}['commit_lsn'] AND "
+            f"{start}['ordinal'] = s.{_q(START_AT)}['ordinal']"
+        )
+        inserting = f"{action} = 'insert' AND {same_start}"
+        if match == ["FALSE"]:
+            predicate = "FALSE"
+        else:
+            predicate = " AND ".join([*match, f"(({closing}) OR ({inserting}))"])
+        current = self._schema(table)
+        before = table.version()
+        merger = (
+            table.merge(
+                data,
+                predicate,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=not set(schema.names) <= set(current.names),
+                commit_properties=commit,
+            )
+            .when_matched_update({_q(END_AT): f"s.{_q(END_AT)}"}, predicate=f"{action} = 'close'")
+            .when_not_matched_insert(
+                {_q(n): f"s.{_q(n)}" for n in schema.names}, predicate=f"{action} = 'insert'"
+            )
+        )
+        if plan.truncated_at is not None:
+            at = _seq_sql(plan.truncated_at)
+            merger = merger.when_not_matched_by_source_update(
+                {_q(END_AT): at}, predicate=f"{end} IS NULL AND {_before(start, at)}"
+            )
+        merger.execute()
+        return self._load().version() != before
+
+    def _append_rows(
+        self,
+        table: DeltaTable,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> bool:
+        """Rows of a table without identity: nothing to match, so an append (a MERGE would
+        compare every new row with every row of the table)."""
+        current = self._schema(table)
+        write_deltalake(
+            table,
+            _conform(data, schema),
+            mode="append",
+            schema_mode=None if set(schema.names) <= set(current.names) else "merge",
+            commit_properties=commit,
+        )
+        return True
+
+
+def _tuple(image: Image, shape: Shape) -> TupleData:
+    """The image as the TupleData of `shape`: text, NULL, or unchanged TOAST for `missing`."""
+    values, missing = image.values, image.missing
+    kinds = bytearray()
+    cells: list[bytes | None] = []
+    for column in shape.columns:
+        name = column.name
+        value = values.get(name)
+        if name in missing:
+            kinds.append(_U)
+            cells.append(None)
+        elif value is None:
+            kinds.append(_N)
+            cells.append(None)
+        else:
+            kinds.append(_T)
+            cells.append(value.encode())
+    return TupleData(bytes(kinds), tuple(cells))
+
+
+def _seq(seq: Seq | None) -> dict[str, int] | None:
+    return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
+
+
+def _pick(schema: pa.Schema, names: Iterable[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
+
+
+def _same_schema(a: pa.Schema, b: pa.Schema) -> bool:
+    return a.names == b.names and all(_same(x.type, y.type) for x, y in zip(a, b, strict=True))
+
+
+def _column(shape: Shape, name: str) -> Any:
+    return next(c for c in shape.columns if c.name == name)
+
+
+def _check_storable(source: str, f: pa.Field) -> None:
+    try:
+        deltalake.Schema.from_arrow(pa.schema([f]))
+    except Exception as exc:
+        raise TargetError(
+            f"{source}.{f.name}: Delta Lake cannot store {f.type} ({str(exc).splitlines()[0]});"
+            " map the type to a string (MappingOptions time='string', interval='string')"
+        ) from None
+
+
+def _literals(column: pa.ChunkedArray) -> list[str] | None:
+    """SQL literals of an integer or string key column's values; None for other types."""
+    values = [v for v in column.to_pylist() if v is not None]
+    if pa.types.is_integer(column.type):
+        return [str(int(v)) for v in values] or ["NULL"]
+    if pa.types.is_string(column.type):
+        return ["'" + v.replace("'", "''") + "'" for v in values] or ["NULL"]
+    return None
+
+
+def _source_of(rows: pa.Table) -> str:
+    if "schema" in rows.column_names and "table" in rows.column_names and rows.num_rows:
+        schema, table = rows.column("schema")[0].as_py(), rows.column("table")[0].as_py()
+        if table is not None:
+            return f"{schema}.{table}"
+    return ""

@@ -1,0 +1,111 @@
+"""Hand-built change envelopes: relations, changes and transactions through `EnvelopeBuilder`,
+as the pipeline hands them to a target."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.decoding.model import Change, ChangeAction, Truncation
+from pgcdc.protocol import Column, Lsn, Relation, TupleData
+from pgcdc.spark.envelope import EnvelopeBuilder, SpooledTransaction
+
+INT2, INT4, INT8, TEXT, NUMERIC, TIMESTAMPTZ, JSONB, INT4_ARRAY = (
+    21,
+    23,
+    20,
+    25,
+    1700,
+    1184,
+    3802,
+    1007,
+)
+#: An unchanged TOAST value (kind ``u``) in `row`.
+UNCHANGED = object()
+
+_lsns = itertools.count(0x1000, 0x10)
+
+
+def numeric(precision: int, scale: int) -> int:
+    return ((precision << 16) | scale) + 4
+
+
+def relation(
+    *columns: tuple[Any, ...], table: str = "items", identity: str = "d", relid: int = 16384
+) -> Relation:
+    """columns: (name, type OID[, key[, typmod]])."""
+    cols = []
+    for spec in columns:
+        name, oid, *rest = spec
+        key = bool(rest[0]) if rest else False
+        typmod = rest[1] if len(rest) > 1 else -1
+        cols.append(Column(1 if key or identity == "f" else 0, name, oid, typmod))
+    return Relation(relid, "public", table, identity, tuple(cols))
+
+
+def row(rel: Relation, values: dict[str, Any], only_key: bool = False) -> TupleData:
+    """A tuple of `rel` from text values (str, None for NULL, UNCHANGED for ``u``); absent
+    columns are NULL (and so are non-key columns when `only_key`)."""
+    kinds = bytearray()
+    cells: list[bytes | None] = []
+    for column in rel.columns:
+        value = values.get(column.name)
+        if value is UNCHANGED:
+            kinds += b"u"
+            cells.append(None)
+        elif value is None or (only_key and not column.flags & 1):
+            kinds += b"n"
+            cells.append(None)
+        else:
+            kinds += b"t"
+            cells.append(str(value).encode())
+    return TupleData(bytes(kinds), tuple(cells))
+
+
+def insert(rel: Relation, **values: Any) -> Change:
+    return Change(ChangeAction.INSERT, rel, row(rel, values), lsn=Lsn(next(_lsns)))
+
+
+def update(rel: Relation, new: dict[str, Any], old: dict[str, Any] | None = None) -> Change:
+    """An UPDATE; `old` (the old key, or the old row under identity full) when sent."""
+    kind = None if old is None else ("O" if rel.replica_identity == "f" else "K")
+    old_row = None if old is None else row(rel, old, only_key=kind == "K")
+    return Change(ChangeAction.UPDATE, rel, row(rel, new), old_row, kind, Lsn(next(_lsns)))
+
+
+def delete(rel: Relation, **old: Any) -> Change:
+    kind = "O" if rel.replica_identity == "f" else "K"
+    return Change(
+        ChangeAction.DELETE, rel, None, row(rel, old, only_key=kind == "K"), kind, Lsn(next(_lsns))
+    )
+
+
+def truncate(*rels: Relation) -> tuple[Truncation, tuple[Relation, ...]]:
+    relids = tuple(r.relid for r in rels)
+    return (Truncation(False, False, Lsn(next(_lsns)), relids=relids), rels)
+
+
+def txn(commit_lsn: int, *entries: Any) -> SpooledTransaction:
+    return SpooledTransaction(Lsn(commit_lsn), Lsn(commit_lsn + 8), 700, None, None, list(entries))
+
+
+def envelope(*txns: SpooledTransaction, reverse: bool = False) -> pa.Table:
+    """The envelope rows of `txns`, reversed when asked (a target sorts them itself)."""
+    builder = EnvelopeBuilder()
+    builder.add_all(txns)
+    table = pa.Table.from_batches([builder.flush()])
+    if reverse:
+        table = table.take(pa.array(range(table.num_rows - 1, -1, -1)))
+    return table
+
+
+def rows(table: pa.Table, *columns: str) -> list[tuple[Any, ...]]:
+    """The table's rows as sorted tuples of `columns` (all when none given)."""
+    names = list(columns) or table.column_names
+    data = [tuple(r[n] for n in names) for r in table.select(names).to_pylist()]
+    try:
+        return sorted(data, key=lambda r: tuple((v is not None, v) for v in r))
+    except TypeError:  # unorderable values (structs, maps)
+        return sorted(data, key=repr)

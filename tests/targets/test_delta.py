@@ -1,0 +1,320 @@
+"""`DeltaTarget` on real Delta tables (delta-rs, in tmp_path): mirror, history and change log,
+exactly once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc.errors import ValueOutOfRange
+from pgcdc.targets import DeltaTarget
+
+from .envelopes import (
+    INT4,
+    TEXT,
+    UNCHANGED,
+    delete,
+    envelope,
+    insert,
+    relation,
+    rows,
+    truncate,
+    txn,
+    update,
+)
+
+REL = relation(("id", INT4, True), ("name", TEXT), ("doc", TEXT))
+APP = "pgcdc:test"
+
+
+def target(tmp_path: Path, mode: str, **kwargs: Any) -> DeltaTarget:
+    return DeltaTarget(str(tmp_path / mode), mode, app_id=APP, **kwargs)  # type: ignore[arg-type]
+
+
+def versions(t: DeltaTarget) -> list[tuple[Any, ...]]:
+    """History rows as (id, name, doc, start, end), sequences as (commit_lsn, ordinal)."""
+
+    def seq(s: Any) -> Any:
+        return None if s is None else (s["commit_lsn"], s["ordinal"])
+
+    data = t.to_arrow().to_pylist()
+    got = [(r["id"], r["name"], r["doc"], seq(r["__START_AT"]), seq(r["__END_AT"])) for r in data]
+    return sorted(got, key=lambda r: (r[0], r[3]))
+
+
+# --- mirror -------------------------------------------------------------------------------
+
+
+def test_mirror_folds_a_batch_into_one_commit(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    batch = envelope(
+        txn(0x100, insert(REL, id=1, name="a", doc="d1"), insert(REL, id=2, name="b")),
+        txn(0x200, update(REL, {"id": 1, "name": "a2", "doc": "d2"}), delete(REL, id=2)),
+        txn(0x300, insert(REL, id=3, name="c"), update(REL, {"id": 3, "name": "c2"})),
+        reverse=True,
+    )
+    result = t.apply(batch)
+    assert rows(t.to_arrow()) == [(1, "a2", "d2"), (3, "c2", None)]
+    assert (result.applied, result.skipped, result.upserts, result.deletes) == (6, 0, 2, 1)
+    assert result.watermark == 0x300 == t.watermark
+    assert result.version == 1  # the table's creation, then the batch's one MERGE
+    dt = DeltaTable(t.path)
+    assert dt.metadata().configuration == {"pgcdc.mode": "mirror", "pgcdc.source": "public.items"}
+
+
+def test_mirror_key_change_upserting_inserts_and_missing_deletes(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"), insert(REL, id=2, name="b"))))
+    t.apply(
+        envelope(
+            txn(0x200, update(REL, {"id": 10, "name": "a"}, old={"id": 1})),  # key change
+            txn(0x300, insert(REL, id=2, name="b2")),  # an existing key: an upsert
+            txn(0x400, delete(REL, id=99)),  # a missing key: nothing
+        )
+    )
+    assert rows(t.to_arrow()) == [(2, "b2", None), (10, "a", None)]
+    t.apply(envelope(txn(0x500, delete(REL, id=10))))  # key-only old tuple
+    assert rows(t.to_arrow()) == [(2, "b2", None)]
+
+
+def test_unchanged_toast_kept_from_the_batch_and_from_the_target(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a", doc="one"), insert(REL, id=2))))
+    t.apply(
+        envelope(
+            txn(0x200, insert(REL, id=3, name="c", doc="three")),
+            txn(0x300, update(REL, {"id": 3, "name": "c2", "doc": UNCHANGED})),  # in-batch
+            txn(0x400, update(REL, {"id": 1, "name": "a2", "doc": UNCHANGED})),  # the target's
+            txn(0x500, update(REL, {"id": 20, "name": "b2", "doc": UNCHANGED}, old={"id": 2})),
+            txn(0x600, update(REL, {"id": 21, "name": "a3", "doc": UNCHANGED}, old={"id": 1})),
+        )
+    )
+    assert rows(t.to_arrow()) == [(3, "c2", "three"), (20, "b2", None), (21, "a3", "one")]
+
+
+def test_truncate_mid_batch_then_inserts(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1), insert(REL, id=2))))
+    other = relation(("x", INT4, True), table="other", relid=16385)
+    result = t.apply(
+        envelope(
+            txn(0x200, insert(REL, id=3), delete(REL, id=1)),
+            txn(0x300, truncate(REL)),  # a cascade's other tables never reach this target
+            txn(0x400, insert(REL, id=4, name="new"), update(REL, {"id": 4, "name": "newer"})),
+        )
+    )
+    assert rows(t.to_arrow()) == [(4, "newer", None)]
+    assert result.watermark == 0x400 and result.upserts == 1
+    t.apply(envelope(txn(0x500, insert(REL, id=5))))
+    assert rows(t.to_arrow(), "id") == [(4,), (5,)]
+    assert other.relname == "other"
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_a_replayed_batch_changes_nothing(tmp_path: Path, mode: str) -> None:
+    t = target(tmp_path, mode)
+    batch = envelope(
+        txn(0x100, insert(REL, id=1, name="a"), insert(REL, id=2, name="b")),
+        txn(0x200, update(REL, {"id": 1, "name": "a2"}), truncate(REL), insert(REL, id=3)),
+        txn(0x300, update(REL, {"id": 30, "name": "c", "doc": UNCHANGED}, old={"id": 3})),
+    )
+    first = t.apply(batch)
+    before = sorted(map(repr, t.to_arrow().to_pylist()))
+    again = t.apply(batch)
+    assert (again.applied, again.skipped, again.version) == (0, 5 + 1, None)
+    assert again.watermark == first.watermark == 0x300
+    assert sorted(map(repr, t.to_arrow().to_pylist())) == before
+    assert DeltaTable(t.path).version() == first.version
+
+
+def test_a_batch_partially_below_the_watermark(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a")), txn(0x200, insert(REL, id=2))))
+    result = t.apply(
+        envelope(
+            txn(0x100, insert(REL, id=1, name="a")),
+            txn(0x200, insert(REL, id=2)),
+            txn(0x300, update(REL, {"id": 1, "name": "a2"})),
+        )
+    )
+    assert (result.applied, result.skipped, result.watermark) == (1, 2, 0x300)
+    assert rows(t.to_arrow(), "id", "name") == [(1, "a2"), (2, None)]
+
+
+def test_a_merge_that_changes_nothing_still_records_the_watermark(tmp_path: Path) -> None:
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1))))
+    result = t.apply(envelope(txn(0x200, delete(REL, id=42))))
+    assert result.watermark == 0x200 == t.watermark and result.version == 2
+
+
+def test_replica_identity_full_without_key(tmp_path: Path) -> None:
+    full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
+    t = target(tmp_path, "mirror")
+    t.apply(
+        envelope(
+            txn(0x100, insert(full, id=1, name="a"), insert(full, id=2), insert(full, name="z"))
+        )
+    )
+    t.apply(
+        envelope(
+            txn(
+                0x200,
+                update(full, {"id": 1, "name": "a2", "doc": "d"}, old={"id": 1, "name": "a"}),
+                delete(full, id=2),  # NULLs match NULLs
+                update(full, {"id": 9, "name": "z"}, old={"name": "z"}),
+            )
+        )
+    )
+    assert rows(t.to_arrow()) == [(1, "a2", "d"), (9, "z", None)]
+
+
+def test_replica_identity_nothing_appends_inserts(tmp_path: Path) -> None:
+    keyless = relation(("id", INT4), ("name", TEXT), identity="n")
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(keyless, id=1), insert(keyless, id=1))))
+    t.apply(envelope(txn(0x200, insert(keyless, id=1))))
+    assert rows(t.to_arrow()) == [(1, None)] * 3
+
+
+# --- history ------------------------------------------------------------------------------
+
+
+def test_history_versions_chain(tmp_path: Path) -> None:
+    t = target(tmp_path, "history")
+    t.apply(
+        envelope(
+            txn(0x100, insert(REL, id=1, name="a", doc="big"), insert(REL, id=2, name="b")),
+            txn(0x200, update(REL, {"id": 1, "name": "a2", "doc": UNCHANGED})),
+        )
+    )
+    result = t.apply(
+        envelope(
+            txn(0x300, update(REL, {"id": 1, "name": "a3", "doc": UNCHANGED})),  # from target
+            txn(0x400, update(REL, {"id": 20, "name": "b2"}, old={"id": 2})),  # key change
+            txn(0x500, delete(REL, id=1)),
+            txn(0x600, insert(REL, id=1, name="again")),
+        ),
+    )
+    assert versions(t) == [
+        (1, "a", "big", (0x100, 1), (0x200, 1)),
+        (1, "a2", "big", (0x200, 1), (0x300, 1)),
+        (1, "a3", "big", (0x300, 1), (0x500, 1)),
+        (1, "again", None, (0x600, 1), None),
+        (2, "b", None, (0x100, 2), (0x400, 1)),
+        (20, "b2", None, (0x400, 1), None),
+    ]
+    assert (result.upserts, result.deletes, result.version) == (3, 1, 2)
+
+
+def test_history_truncate_ends_every_current_version(tmp_path: Path) -> None:
+    t = target(tmp_path, "history")
+    t.apply(envelope(txn(0x100, insert(REL, id=1), insert(REL, id=2), insert(REL, id=3))))
+    t.apply(
+        envelope(
+            txn(0x200, update(REL, {"id": 1, "name": "x"})),
+            txn(0x300, truncate(REL)),
+            txn(0x400, insert(REL, id=2, name="back")),
+        )
+    )
+    assert [(v[0], v[1], v[3], v[4]) for v in versions(t)] == [
+        (1, None, (0x100, 1), (0x200, 1)),
+        (1, "x", (0x200, 1), (0x300, 1)),
+        (2, None, (0x100, 2), (0x300, 1)),
+        (2, "back", (0x400, 1), None),
+        (3, None, (0x100, 3), (0x300, 1)),
+    ]
+
+
+def test_history_batch_of_only_a_truncate(tmp_path: Path) -> None:
+    t = target(tmp_path, "history")
+    t.apply(envelope(txn(0x100, insert(REL, id=1), insert(REL, id=2))))
+    assert t.apply(envelope(txn(0x200, truncate(REL)))).watermark == 0x200
+    assert [(v[0], v[4]) for v in versions(t)] == [(1, (0x200, 1)), (2, (0x200, 1))]
+
+
+def test_history_without_identity(tmp_path: Path) -> None:
+    keyless = relation(("id", INT4), ("name", TEXT), identity="n")
+    t = target(tmp_path, "history")
+    t.apply(envelope(txn(0x100, insert(keyless, id=1), insert(keyless, id=1))))
+    t.apply(envelope(txn(0x200, insert(keyless, id=2))))
+    t.apply(envelope(txn(0x300, insert(keyless, id=3), truncate(keyless), insert(keyless, id=4))))
+    got = [(r["id"], r["__START_AT"], r["__END_AT"]) for r in t.to_arrow().to_pylist()]
+    end = {"commit_lsn": 0x300, "ordinal": 2}
+    assert sorted(((i, s["ordinal"], s["commit_lsn"], e) for i, s, e in got), key=repr) == sorted(
+        [
+            (1, 1, 0x100, end),
+            (1, 2, 0x100, end),
+            (2, 1, 0x200, end),
+            (3, 1, 0x300, end),
+            (4, 3, 0x300, None),
+        ],
+        key=repr,
+    )
+
+
+def test_history_commits_replayed_without_the_watermark_are_idempotent(tmp_path: Path) -> None:
+    """A batch cut into several commits (the identity changes inside it) may be replayed
+    after a crash between them: nothing is inserted twice, nothing ends twice."""
+    full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
+    t = target(tmp_path, "history")
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"))))
+    batch = envelope(
+        txn(0x200, update(REL, {"id": 1, "name": "b"})),
+        txn(0x300, update(full, {"id": 1, "name": "c"}, old={"id": 1, "name": "b"})),
+    )
+    t.apply(batch)
+    expected = versions(t)
+    other = DeltaTarget(t.path, "history", app_id="pgcdc:another")  # no watermark yet
+    other.apply(batch)
+    assert (
+        versions(other)
+        == expected
+        == [
+            (1, "a", None, (0x100, 1), (0x200, 1)),
+            (1, "b", None, (0x200, 1), (0x300, 1)),
+            (1, "c", None, (0x300, 1), None),
+        ]
+    )
+
+
+# --- change log ---------------------------------------------------------------------------
+
+
+def test_changelog_appends_the_envelope_once(tmp_path: Path) -> None:
+    t = target(tmp_path, "changelog")
+    batch = envelope(
+        txn(0x100, insert(REL, id=1, name="a")),
+        txn(0x200, update(REL, {"id": 1, "doc": UNCHANGED}), delete(REL, id=1)),
+    )
+    result = t.apply(batch)
+    assert (result.applied, result.upserts, result.watermark) == (3, 3, 0x200)
+    assert t.apply(batch).skipped == 3
+    got = t.to_arrow()
+    assert got.schema.names == batch.schema.names
+    assert rows(got, "commit_lsn", "ordinal", "op") == [
+        (0x100, 1, "insert"),
+        (0x200, 1, "update"),
+        (0x200, 2, "delete"),
+    ]
+    update_row = next(r for r in got.to_pylist() if r["op"] == "update")
+    assert update_row["unchanged_toast"] == ["doc"]
+    assert dict(update_row["after"]) == {"id": "1", "name": None}
+
+
+def test_a_refused_batch_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A value the out-of-range policy refuses fails the batch before any write, and none of
+    its rows leak into the next batch."""
+    rel = relation(("id", INT4, True), ("at", 1184))
+    t = target(tmp_path, "mirror")
+    bad = envelope(
+        txn(0x100, insert(rel, id=1, at="2024-01-01 00:00:00+00"), insert(rel, id=2, at="infinity"))
+    )
+    with pytest.raises(ValueOutOfRange, match=r"public\.items\.at: value 'infinity'"):
+        t.apply(bad)
+    assert t.watermark is None
+    t.apply(envelope(txn(0x100, insert(rel, id=3))))
+    assert rows(t.to_arrow()) == [(3, None)]

@@ -1,0 +1,155 @@
+"""Relation changes between a target's batches and inside one: the policy of
+`pgcdc.targets.delta` (added columns appear, dropped ones stay, lossless widening rewrites,
+anything else is refused before writing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc.errors import SchemaChangeError, TargetError
+from pgcdc.protocol import Lsn
+from pgcdc.targets import DeltaTarget
+from pgcdc.types.mapping import MappingOptions
+
+from .envelopes import (
+    INT4,
+    INT8,
+    NUMERIC,
+    TEXT,
+    UNCHANGED,
+    delete,
+    envelope,
+    insert,
+    numeric,
+    relation,
+    rows,
+    txn,
+    update,
+)
+
+V1 = relation(("id", INT4, True), ("name", TEXT))
+V2 = relation(("id", INT4, True), ("name", TEXT), ("score", INT4))  # ADD COLUMN score
+APP = "pgcdc:test"
+
+
+def target(tmp_path: Path, mode: str = "mirror", **kwargs: Any) -> DeltaTarget:
+    return DeltaTarget(str(tmp_path / mode), mode, app_id=APP, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_added_column_in_the_middle_of_a_batch(tmp_path: Path, mode: str) -> None:
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(V1, id=1, name="a"))))
+    t.apply(
+        envelope(
+            txn(0x200, insert(V1, id=2, name="b"), update(V1, {"id": 1, "name": "a2"})),
+            txn(0x300, insert(V2, id=3, name="c", score=7), update(V2, {"id": 2, "score": 5})),
+        )
+    )
+    data = t.to_arrow()
+    assert data.schema.field("score").type == pa.int32()
+    assert "_pgcdc_action" not in data.schema.names
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    assert rows(current, "id", "name", "score") == [(1, "a2", None), (2, None, 5), (3, "c", 7)]
+
+
+def test_added_column_on_a_new_table_and_toast_across_it(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    t.apply(
+        envelope(
+            txn(0x100, insert(V1, id=1, name="long")),
+            txn(0x200, update(V2, {"id": 1, "name": UNCHANGED, "score": 3})),
+        )
+    )
+    assert rows(t.to_arrow()) == [(1, "long", 3)]
+
+
+def test_unchanged_toast_in_a_column_the_batch_adds(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    t.apply(envelope(txn(0x100, insert(V1, id=1, name="a"))))
+    t.apply(envelope(txn(0x200, update(V2, {"id": 1, "name": UNCHANGED, "score": UNCHANGED}))))
+    assert rows(t.to_arrow()) == [(1, "a", None)]
+
+
+def test_dropped_column_stays_and_is_null_afterwards(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    t.apply(envelope(txn(0x100, insert(V2, id=1, name="a", score=1), insert(V2, id=2, score=2))))
+    t.apply(envelope(txn(0x200, update(V1, {"id": 1, "name": "a2"}), insert(V1, id=3))))
+    assert t.to_arrow().schema.names == ["id", "name", "score"]
+    assert rows(t.to_arrow()) == [(1, "a2", None), (2, None, 2), (3, None, None)]
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_widening_int4_to_int8_rewrites_the_table(tmp_path: Path, mode: str) -> None:
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=2_000_000_000))))
+    wide = relation(("id", INT4, True), ("name", TEXT), ("score", INT8))
+    narrow_again = V2
+    t.apply(
+        envelope(
+            txn(0x200, insert(wide, id=2, score=8_000_000_000)),
+            txn(0x300, insert(narrow_again, id=3, score=3)),  # an int4 fits the int8 column
+        )
+    )
+    data = t.to_arrow()
+    assert data.schema.field("score").type == pa.int64()
+    assert rows(data, "id", "score") == [(1, 2_000_000_000), (2, 8_000_000_000), (3, 3)]
+    assert DeltaTable(t.path).metadata().configuration["pgcdc.mode"] == mode
+
+
+def test_widening_a_decimal(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    rel = relation(("id", INT4, True), ("amount", NUMERIC, False, numeric(5, 2)))
+    wider = relation(("id", INT4, True), ("amount", NUMERIC, False, numeric(12, 2)))
+    t.apply(envelope(txn(0x100, insert(rel, id=1, amount="123.45"))))
+    t.apply(envelope(txn(0x200, insert(wider, id=2, amount="1234567890.12"))))
+    data = t.to_arrow()
+    assert data.schema.field("amount").type == pa.decimal128(12, 2)
+    assert [str(v) for _, v in rows(data)] == ["123.45", "1234567890.12"]
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_incompatible_type_change_is_refused_and_writes_nothing(tmp_path: Path, mode: str) -> None:
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
+    version, before = DeltaTable(t.path).version(), rows(t.to_arrow(), "id", "score")
+    as_text = relation(("id", INT4, True), ("name", TEXT), ("score", TEXT))
+    change = insert(as_text, id=3, score="high")
+    with pytest.raises(SchemaChangeError) as caught:
+        t.apply(envelope(txn(0x200, insert(V2, id=2, score=2)), txn(0x300, change)))
+    error = caught.value
+    assert (error.table, error.column, error.lsn) == ("public.items", "score", change.lsn)
+    assert str(Lsn(change.lsn)) in str(error) and "public.items.score" in str(error)
+    assert "int32" in str(error) and "string (text)" in str(error)
+    assert DeltaTable(t.path).version() == version and t.watermark == 0x100
+    assert rows(t.to_arrow(), "id", "score") == before
+
+
+def test_scale_change_is_refused(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    t.apply(envelope(txn(0x100, insert(relation(("n", NUMERIC, True, numeric(8, 2))), n="1.5"))))
+    with pytest.raises(SchemaChangeError, match=r"decimal128\(8, 2\) to decimal128\(8, 3\)"):
+        t.apply(envelope(txn(0x200, delete(relation(("n", NUMERIC, True, numeric(8, 3))), n=1))))
+
+
+def test_a_type_delta_cannot_store_is_refused(tmp_path: Path) -> None:
+    t = target(tmp_path, options=MappingOptions(time="time"))
+    rel = relation(("id", INT4, True), ("at", 1083))
+    with pytest.raises(TargetError, match=r"items\.at: Delta Lake cannot store time64"):
+        t.apply(envelope(txn(0x100, insert(rel, id=1, at="10:00:00"))))
+    assert t.watermark is None
+
+
+def test_another_mode_or_table_is_refused(tmp_path: Path) -> None:
+    t = target(tmp_path)
+    t.apply(envelope(txn(0x100, insert(V1, id=1))))
+    with pytest.raises(TargetError, match="is a pgcdc mirror table, not history"):
+        DeltaTarget(t.path, "history", app_id=APP).apply(envelope(txn(0x200, insert(V1, id=2))))
+    other = relation(("id", INT4, True), table="other")
+    with pytest.raises(TargetError, match=r"created for public\.items, not public\.other"):
+        t.apply(envelope(txn(0x200, insert(other, id=2))))

@@ -25,7 +25,10 @@ def main() -> None:
     def on_batch(report: BatchReport) -> None:
         nonlocal done
         done += 1
-        print(f"batch {report.batch_id} changes {report.changes}", flush=True)
+        print(
+            f"batch {report.batch_id} changes {report.changes} skipped {report.skipped}",
+            flush=True,
+        )
         if exit_after is not None and done >= exit_after:
             os._exit(3)
 

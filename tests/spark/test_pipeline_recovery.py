@@ -68,6 +68,12 @@ SQL = {
 }
 
 
+def newest_only(version: int) -> None:
+    """These tests restart Spark many times; the version matrix is test_pipeline.py's."""
+    if version < 18:
+        pytest.skip("slow recovery tests run on PostgreSQL 18 only")
+
+
 def play(db: Database, txns: list[list[tuple[Any, ...]]]) -> None:
     with db.connect() as conn:
         for txn in txns:
@@ -106,6 +112,7 @@ def test_random_workloads(
     second: Any,
     batch: int,
 ) -> None:
+    newest_only(pg_server.version)
     db = pg_server.create_database()
     try:
         slot, publication = prepare(db)
@@ -139,6 +146,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str
 
 
 def test_crashes_and_a_lost_checkpoint(pg: Database, tmp_path: Path) -> None:
+    newest_only(pg.version)
     rng = random.Random(7)
     slot, publication = prepare(pg)
     lake = tmp_path / "lake"
@@ -154,7 +162,14 @@ def test_crashes_and_a_lost_checkpoint(pg: Database, tmp_path: Path) -> None:
     # Die right after the second batch's Delta commits, before Spark records the batch.
     code, output = _finish(_child(config, "--exit-after-batches", "2"))
     assert code == 3, output
-    play(pg, workload[30:45])
+    # Spark plans the batch again; the targets already hold it and skip every row.
+    play(pg, workload[30:40])
+    code, output = _finish(_child(config))
+    assert code == 0, output
+    first = output.split("\n", 1)[0].split()
+    assert first[:2] == ["batch", "1"] and first[5] != "0", output
+    assert_identical(pg, config)
+    play(pg, workload[40:45])
     # Die at a random moment (start-up, planning, reading, applying).
     proc = _child(config)
     time.sleep(rng.uniform(6, 12))

@@ -654,7 +654,7 @@ def run(pipeline: str) -> None:
 @cli.command()
 @_user_errors
 def demo() -> None:
-    """Start an embedded PostgreSQL, run a small workload, print its decoded changes."""
+    """The full demo: embedded PostgreSQL, a workload, the pipeline into Delta, a verdict."""
     from pgcdc.cli.demo import run_demo
 
     run_demo()

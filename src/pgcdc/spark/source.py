@@ -11,14 +11,16 @@ last committed batch. Admission control: ``maxChangesPerBatch`` and ``maxBytesPe
 server's WAL position at the start.
 
 Batch (``spark.read.format("pgoutput")``): the slot's pending changes (optionally up to
-``endLsn``) through ``pg_logical_slot_peek_binary_changes``; nothing is consumed.
+``endLsn``, from ``startLsn``: transactions that committed in that range) through
+``pg_logical_slot_peek_binary_changes``; nothing is consumed.
 
 Options: ``conninfo`` (libpq string or URI), ``slot``, ``publication`` (comma-separated),
 ``createSlot`` (create the slot when missing), ``maxChangesPerBatch``, ``maxBytesPerBatch``,
 ``spoolDir`` (default: under the temp directory; on a cluster, storage every executor reads),
 ``partitionBytes`` (target size of one task's spool range, default 16 MB), ``streaming``
 (``on``/``off``: how the server sends large transactions, default on where supported),
-``messages`` (include logical decoding messages), ``statusInterval`` (seconds), ``endLsn``.
+``messages`` (include logical decoding messages), ``statusInterval`` (seconds), and for batch
+reads ``startLsn`` and ``endLsn``.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class SourceOptions:
     streaming: StreamingMode | None = None
     messages: bool = False
     status_interval: float = 10.0
+    start_lsn: Lsn | None = None
     end_lsn: Lsn | None = None
 
     @classmethod
@@ -138,7 +141,7 @@ class SourceOptions:
             raise SourceError(f"the pgoutput source needs the option(s) {', '.join(missing)}")
         streaming = given.get("streaming")
         try:
-            end = given.get("endlsn")
+            start, end = given.get("startlsn"), given.get("endlsn")
             return cls(
                 conninfo=given["conninfo"],
                 slot=given["slot"],
@@ -151,6 +154,7 @@ class SourceOptions:
                 streaming=None if streaming is None else StreamingMode(streaming.lower()),
                 messages=_flag(given.get("messages"), "messages"),
                 status_interval=float(given.get("statusinterval", 10.0)),
+                start_lsn=None if start is None else Lsn.parse(start),
                 end_lsn=None if end is None else Lsn.parse(end),
             )
         except ValueError as exc:
@@ -354,6 +358,10 @@ class PgoutputBatchReader(DataSourceReader):
                     assembler.feed(change.message, change.lsn)
             finally:
                 assembler.close()
-        end = options.end_lsn
-        txns = (t for t in spool.txns if end is None or t.commit_lsn <= end)
+        start, end = options.start_lsn, options.end_lsn
+        txns = (
+            t
+            for t in spool.txns
+            if (end is None or t.commit_lsn <= end) and (start is None or t.commit_lsn >= start)
+        )
         return _envelope_batches(iter(txns))

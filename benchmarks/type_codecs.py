@@ -17,22 +17,15 @@ What is measured
     Reported: rows/s and µs per row for each, and the ratios against psycopg.
 
 How to run (from the repository root)
-    .venv/bin/python benchmarks/types.py --rows 100000    # quick check
-    .venv/bin/python benchmarks/types.py                  # 1,000,000 rows (captures cached)
+    .venv/bin/python benchmarks/type_codecs.py --rows 100000    # quick check
+    .venv/bin/python benchmarks/type_codecs.py                  # 1,000,000 rows (captures cached)
 """
 
 from __future__ import annotations
 
-import sys
-
-# This file is named like the standard library's `types`, which other modules import: move
-# its directory (put first on sys.path for a script) to the end so the stdlib module wins.
-_HERE = __file__.rpartition("/")[0] or "."
-if sys.path and sys.path[0] in (_HERE, ""):
-    sys.path.append(sys.path.pop(0))
-
 import argparse
 import gc
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path

@@ -276,7 +276,11 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         spooler = self._session()
         start_lsn = Lsn.parse(start["lsn"])
-        if self._target is not None and not spooler.wait_for(self._target, _REDELIVERY_TIMEOUT):
+        # Available-now: a batch as soon as there is one, but no end before the target.
+        target = self._target
+        if target is not None and not spooler.wait_for(
+            target, _REDELIVERY_TIMEOUT, after=start_lsn
+        ):
             raise SourceError(
                 f"slot {self.options.slot!r}: the server did not send up to {self._target} "
                 f"within {_REDELIVERY_TIMEOUT:.0f} s"

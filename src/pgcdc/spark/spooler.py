@@ -144,14 +144,17 @@ class Spooler:
             return Lsn(0)
         return max(stream.tracker.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
 
-    def wait_for(self, lsn: Lsn, timeout: float) -> bool:
-        """Wait until the spool holds everything up to `lsn`; False on timeout."""
+    def wait_for(self, lsn: Lsn, timeout: float, *, after: Lsn | None = None) -> bool:
+        """Wait until the spool holds everything up to `lsn` (or, given `after`, anything
+        past it); False on timeout."""
         deadline = time.monotonic() + timeout
         with self.spool.changed:
             while True:
                 self.check()
                 last = self.spool.last_lsn
-                if (last is not None and last >= lsn) or self.server_position >= lsn:
+                if last is not None and (last >= lsn or (after is not None and last > after)):
+                    return True
+                if self.server_position >= lsn:
                     return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

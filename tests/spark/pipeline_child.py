@@ -1,9 +1,10 @@
 """Runs one pipeline in its own process, for the crash tests.
 
-    python pipeline_child.py CONFIG_JSON [--exit-after-batches N]
+    python pipeline_child.py CONFIG_JSON [--exit-after-batches N | --exit-after-chunks N]
 
 With ``--exit-after-batches N`` the process dies (``os._exit``) right after the N-th batch's
-Delta commits and before Spark records the batch as done: the worst moment to crash.
+Delta commits and before Spark records the batch as done: the worst moment to crash. With
+``--exit-after-chunks N`` it dies once the initial copy has committed N chunks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import sys
 
+from pgcdc.snapshot.copier import TableProgress
 from pgcdc.spark.config import parse_config
 from pgcdc.spark.pipeline import BatchReport, Pipeline
 from pgcdc.spark.session import local_session
@@ -19,7 +21,9 @@ from pgcdc.spark.session import local_session
 
 def main() -> None:
     config = parse_config(json.loads(sys.argv[1]))
-    exit_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    flag = sys.argv[2] if len(sys.argv) > 3 else None
+    exit_after = int(sys.argv[3]) if flag == "--exit-after-batches" else None
+    exit_after_chunks = int(sys.argv[3]) if flag == "--exit-after-chunks" else None
     done = 0
 
     def on_batch(report: BatchReport) -> None:
@@ -32,8 +36,14 @@ def main() -> None:
         if exit_after is not None and done >= exit_after:
             os._exit(3)
 
+    def on_copy(progress: dict[str, TableProgress]) -> None:
+        copied = sum(p.chunks_done for p in progress.values())
+        if exit_after_chunks is not None and copied >= exit_after_chunks:
+            print(f"copied {copied} chunks", flush=True)
+            os._exit(3)
+
     spark = local_session("pgcdc-crash-test", cores="2")
-    Pipeline(config, spark, on_batch=on_batch).run()
+    Pipeline(config, spark, on_batch=on_batch, on_copy=on_copy).run()
     print("caught up", flush=True)
 
 

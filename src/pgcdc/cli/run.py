@@ -17,6 +17,7 @@ from rich.table import Table
 
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import connect_sql
+from pgcdc.snapshot.copier import TableProgress
 from pgcdc.spark.config import load_config
 from pgcdc.spark.pipeline import Pipeline, PipelineStats
 
@@ -71,6 +72,10 @@ def _view(pipeline: Pipeline, lag: _Lag, rates: list[tuple[float, int]], stoppin
         from datetime import UTC, datetime
 
         seconds = f"{(datetime.now(UTC) - stats.last_commit_time).total_seconds():.1f} s"
+    if pipeline.copy_progress:
+        table.add_section()
+        for name, copy in sorted(pipeline.copy_progress.items()):
+            table.add_row(f"{name} copy", _copy_text(copy))
     state = "finishing the current batch, then stopping" if stopping else "running"
     table.caption = (
         f"{state} · {stats.batches} batches · {stats.changes:,} changes · {rate:,.0f} changes/s"
@@ -78,6 +83,19 @@ def _view(pipeline: Pipeline, lag: _Lag, rates: list[tuple[float, int]], stoppin
     )
     table.caption_justify = "left"
     return table
+
+
+def _copy_text(copy: TableProgress) -> str:
+    if copy.error is not None:
+        return f"[red]failed: {copy.error}[/]"
+    if copy.chunks_done >= copy.chunks:
+        return f"{copy.rows_done:,} rows, done"
+    left = copy.seconds_left
+    eta = "?" if left is None else f"{left:,.0f} s left"
+    return (
+        f"{copy.rows_done:,} rows, {copy.chunks_done}/{copy.chunks} chunks, "
+        f"{copy.rows_per_second:,.0f} rows/s, {eta}"
+    )
 
 
 def _target_names(pipeline: Pipeline) -> set[str]:
@@ -88,7 +106,13 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
     config = load_config(path)
     console = console or Console(stderr=True)
     console.print(f"[cyan]Starting Spark and the pipeline {config.name!r} ...[/]")
-    pipeline = Pipeline(config)
+    live_view: list[Any] = []
+
+    def on_copy(progress: dict[str, TableProgress]) -> None:
+        if live_view:
+            live_view[0]()
+
+    pipeline = Pipeline(config, on_copy=on_copy)
     lag = _Lag(config.conninfo)
     rates: list[tuple[float, int]] = []
     interrupts = 0
@@ -106,6 +130,8 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
 
             def tick() -> None:
                 live.update(_view(pipeline, lag, rates, interrupts > 0))
+
+            live_view.append(tick)
 
             try:
                 stats = pipeline.run(tick=tick)

@@ -10,6 +10,10 @@ slot = "shop_slot"
 create_slot = true                 # create the slot when missing
 streaming = "on"                   # how the server sends large transactions (on/off)
 
+[snapshot]
+enabled = true                     # copy the tables first (first run, added tables)
+chunk_blocks = 4096                # blocks (8 kB) per parallel copy task
+
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
 
@@ -62,6 +66,8 @@ class PipelineConfig:
     target_path: str
     tables: dict[str, tuple[str, ...]]
     create_slot: bool = False
+    snapshot: bool = True
+    chunk_blocks: int = 4096
     streaming: str | None = None
     available_now: bool = False
     interval: str = "1 second"
@@ -72,6 +78,11 @@ class PipelineConfig:
     @property
     def checkpoint_path(self) -> str:
         return self.checkpoint or str(Path(self.target_path) / "_pgcdc" / self.name / "checkpoint")
+
+    @property
+    def state_path(self) -> str:
+        """Where the pipeline keeps its own state (the initial copy's plan and progress)."""
+        return str(Path(self.target_path) / "_pgcdc" / self.name)
 
     @property
     def app_id(self) -> str:
@@ -110,11 +121,18 @@ def _modes(table: str, value: Any) -> tuple[str, ...]:
     return modes
 
 
+def _positive(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{where} must be a positive integer")
+    return value
+
+
 def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     source = _section(data, "source")
     target = _section(data, "target")
     trigger = _section(data, "trigger")
     tables = _section(data, "tables")
+    snapshot = _section(data, "snapshot")
     if not tables:
         raise ConfigError('[tables] must name at least one table, e.g. "public.t" = "mirror"')
     parsed_tables = {}
@@ -124,8 +142,8 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     target_path = base / _required(target, "path", "target")
     checkpoint = target.get("checkpoint")
     max_changes = trigger.get("max_changes_per_batch", 1_000_000)
-    if max_changes is not None and (not isinstance(max_changes, int) or max_changes <= 0):
-        raise ConfigError("trigger.max_changes_per_batch must be a positive integer")
+    if max_changes is not None:
+        max_changes = _positive(max_changes, "trigger.max_changes_per_batch")
     return PipelineConfig(
         name=data.get("name", "pipeline"),
         conninfo=_required(source, "conninfo", "source"),
@@ -134,6 +152,8 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         target_path=str(target_path),
         tables=parsed_tables,
         create_slot=bool(source.get("create_slot", False)),
+        snapshot=bool(snapshot.get("enabled", True)),
+        chunk_blocks=_positive(snapshot.get("chunk_blocks", 4096), "snapshot.chunk_blocks"),
         streaming=source.get("streaming"),
         available_now=bool(trigger.get("available_now", False)),
         interval=str(trigger.get("interval", "1 second")),

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import PgcdcError
+from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import connect_sql, get_slot
+from pgcdc.snapshot.copier import InitialCopy, TableProgress
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.targets import DeltaTarget
 from pgcdc.types.catalog import resolve
@@ -77,6 +80,7 @@ class Pipeline:
         spark: Any = None,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
+        on_copy: Callable[[dict[str, TableProgress]], None] | None = None,
     ) -> None:
         self.config = config
         if spark is None:
@@ -85,6 +89,8 @@ class Pipeline:
             spark = local_session(f"pgcdc-{config.name}")
         self.spark = spark
         self.on_batch = on_batch
+        self.on_copy = on_copy
+        self.copy_progress: dict[str, TableProgress] = {}
         self.registry: TypeRegistry = DEFAULT_REGISTRY.copy()
         self.catalog = Catalog(config.conninfo)
         self.targets: dict[str, list[tuple[TableTarget, DeltaTarget]]] = {}
@@ -99,6 +105,12 @@ class Pipeline:
             self.targets.setdefault(spec.table, []).append((spec, target))
         self.stats = PipelineStats()
         self.query: Any = None
+        #: Tables whose targets wait for a copy; their changes go to a pending change log.
+        self.pending: dict[str, DeltaTarget] = {}
+        self._online: threading.Thread | None = None
+        self._online_done: set[str] = set()
+        #: Batches and drains of copied tables take turns (Spark's and the run loop's thread).
+        self._lock = threading.RLock()
         self._stopping = threading.Event()
 
     # -- the batch function (Spark calls it on the driver) ---------------------------------
@@ -109,8 +121,22 @@ class Pipeline:
             oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
             resolve(self.registry, self.catalog, [o for o in oids if o is not None])
 
+    def _drain_copied(self) -> None:
+        with self._lock:
+            self._drain_copied_locked()
+
+    def _drain_copied_locked(self) -> None:
+        for table in list(self._online_done):
+            self._online_done.discard(table)
+            self._drain(table)
+
     def apply_batch(self, batch: pa.Table, batch_id: int) -> BatchReport:
         """Apply one micro-batch of envelope rows to every target."""
+        with self._lock:
+            self._drain_copied_locked()
+            return self._apply_batch(batch, batch_id)
+
+    def _apply_batch(self, batch: pa.Table, batch_id: int) -> BatchReport:
         started = time.monotonic()
         applied: dict[str, int] = {}
         skipped = 0
@@ -122,6 +148,10 @@ class Pipeline:
             for table, targets in self.targets.items():
                 rows = batch.filter(pc.equal(names, table))
                 if not rows.num_rows:
+                    continue
+                if table in self.pending:
+                    self.pending[table].apply(rows)
+                    applied[f"{table} pending copy"] = rows.num_rows
                     continue
                 for spec, target in targets:
                     result = target.apply(rows)
@@ -179,10 +209,94 @@ class Pipeline:
         self.query = writer.start()
         return self.query
 
+    def _copier(self) -> InitialCopy:
+        config = self.config
+
+        def progress(tables: dict[str, TableProgress]) -> None:
+            self.copy_progress = dict(tables)
+            if self.on_copy is not None:
+                self.on_copy(self.copy_progress)
+
+        return InitialCopy(
+            self.spark,
+            config.conninfo,
+            config.slot,
+            {table: [t for _, t in targets] for table, targets in self.targets.items()},
+            Path(config.state_path) / "snapshot.json",
+            chunk_blocks=config.chunk_blocks,
+            on_progress=progress,
+        )
+
+    def initial_copy(self) -> None:
+        """Copy the tables first when the slot is new (the pipeline creates it with an
+        exported snapshot) or a previous copy did not finish. Once the pipeline has run, a
+        table still without a copy (added since, or whose copy failed) is copied while the
+        stream runs. A first run on a slot the pipeline did not create copies nothing: the
+        slot holds the tables' changes from its creation on."""
+        config = self.config
+        if not config.snapshot:
+            return
+        copier = self._copier()
+        if copier.unfinished:
+            copier.resume()
+        elif config.create_slot:
+            try:
+                get_slot(config.conninfo, config.slot)
+            except SlotNotFound:
+                copier.start_fresh()
+        failed = {t for t, p in self.copy_progress.items() if p.error is not None}
+        marked = {
+            table: all(t.watermark is not None for _, t in targets)
+            for table, targets in self.targets.items()
+        }
+        if not any(marked.values()):
+            return  # a first run on a slot made by someone else: the stream has it all
+        for table, ready in marked.items():
+            if not ready:  # added since the last run, or its copy failed
+                self.pending[table] = self._pending_target(table)
+            elif Path(self._pending_path(table)).exists():
+                self._drain(table)  # a crash came after the copy, before the drain ended
+        waiting = sorted(set(self.pending) - failed)
+        for table in failed:
+            log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
+        if waiting:
+            self._online = threading.Thread(
+                target=self._copy_online, args=(waiting,), name="pgcdc-online-copy", daemon=True
+            )
+
+    def _pending_path(self, table: str) -> str:
+        return str(Path(self.config.state_path) / "pending" / table)
+
+    def _pending_target(self, table: str) -> DeltaTarget:
+        return DeltaTarget(
+            self._pending_path(table), "changelog", app_id=self.config.app_id, source=table
+        )
+
+    def _copy_online(self, tables: list[str]) -> None:
+        _, copied = self._copier().copy_online(tables)
+        self._online_done.update(copied)
+        for table in set(tables) - copied:
+            log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
+
+    def _drain(self, table: str) -> None:
+        """The table's copy is in: apply what the stream brought meanwhile (the targets skip
+        what the copy already holds), then forget the pending log."""
+        pending = self._pending_target(table)
+        if pending.exists:
+            rows = pending.to_arrow()
+            for _, target in self.targets[table]:
+                target.apply(rows)
+        shutil.rmtree(self._pending_path(table), ignore_errors=True)
+        self.pending.pop(table, None)
+
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
-        """Run until caught up (available-now), `stop()` or an error; `tick` is called about
-        twice a second (for a progress view)."""
+        """Run until caught up (available-now), `stop()` or an error, after an initial copy
+        if one is due; `tick` is called about twice a second (for a progress view)."""
+        if self.query is None:
+            self.initial_copy()
         query = self.query or self.start()
+        if self._online is not None and self._online.ident is None:
+            self._online.start()
         from pyspark.errors import StreamingQueryException
 
         try:
@@ -191,8 +305,12 @@ class Pipeline:
                     query.stop()  # between batches: the one in progress has finished
                     break
                 query.awaitTermination(0.5)
+                self._drain_copied()
                 if tick is not None:
                     tick()
+            if self._online is not None and self._online.ident is not None:
+                self._online.join()  # available-now: the copies finish before the run does
+                self._drain_copied()
             exc = query.exception()
             if exc is not None:
                 raise PipelineFailed(_spark_error_text(exc))

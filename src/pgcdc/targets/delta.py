@@ -356,6 +356,38 @@ class DeltaTarget:
                 self._mark(table, commit)
         return upserts, deletes, self._load().version()
 
+    def ensure_table(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
+        """Create the table for `relation` if there is none (an initial copy writes into it
+        before any change arrives)."""
+        if self._open() is not None:
+            return
+        source = f"{relation.namespace}.{relation.relname}"
+        if self.mode == "changelog":
+            schema = ENVELOPE_ARROW_SCHEMA
+        else:
+            builder = ArrowBatchBuilder(relation, registry or self.registry, self.options)
+            fields = [f for f in builder.schema if f.name != UNCHANGED_TOAST_COLUMN]
+            for f in fields:
+                _check_storable(source, f)
+            if self.mode == "history":
+                fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
+            schema = pa.schema(fields)
+        self._create(schema, self.source or source)
+
+    def clear(self) -> None:
+        """Remove the table's rows (a copy that starts over), keeping the table."""
+        table = self._open()
+        if table is not None:
+            table.delete()
+
+    def mark(self, watermark: int) -> None:
+        """Record `watermark` without data: an initial copy's point, from where the stream
+        applies changes."""
+        table = self._open()
+        if table is None:
+            raise TargetError(f"no Delta table at {self.path}")
+        self._mark(table, CommitProperties(app_transactions=[Transaction(self.app_id, watermark)]))
+
     def _mark(self, table: DeltaTable, commit: CommitProperties) -> None:
         """A commit that only records the watermark (an empty append)."""
         empty = self._schema(table).empty_table()

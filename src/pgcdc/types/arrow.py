@@ -19,7 +19,7 @@ Both are null in a row with no such column.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -227,6 +227,35 @@ class ArrowBatchBuilder:
         if len(text) > _VALUE_EXCERPT:
             text = text[:_VALUE_EXCERPT] + "…"
         return repr(text)
+
+    def column_from_text(
+        self, i: int, values: Sequence[bytes | None]
+    ) -> tuple[pa.Array, list[int]]:
+        """Column `i`'s values given as the server's text (None for NULL), converted exactly as
+        `append` converts a ``t`` value of that column: the Arrow array of the column's type,
+        and the positions in `values` that the policy "null" nulled. Under "error" a value the
+        Spark type cannot hold raises ValueOutOfRange naming the table, column and value."""
+        parse = self._text[i]
+        try:
+            cells = [None if d is None else parse(d) for d in values]
+            nulled: list[int] = []
+        except NotRepresentable:
+            cells, nulled = [], []
+            for position, data in enumerate(values):
+                try:
+                    cells.append(None if data is None else parse(data))
+                except NotRepresentable as exc:
+                    assert data is not None
+                    if not self._null_policy:
+                        raise ValueOutOfRange(
+                            str(exc),
+                            table=self.table,
+                            column=self._names[i],
+                            value=self._excerpt(i, _T, data),
+                        ) from None
+                    cells.append(None)
+                    nulled.append(position)
+        return pa.array(cells, type=self.schema.field(i).type), nulled
 
     def flush(self) -> pa.RecordBatch:
         """The rows appended since the last flush, as one batch (possibly empty)."""

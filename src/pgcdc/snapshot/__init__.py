@@ -1,0 +1,1 @@
+"""A consistent initial copy of tables, handed off to the change stream."""

@@ -62,14 +62,16 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
         if before.null_count:
             return None
         after = _lookup(rows.column("after"), name)
-        moved = pc.and_(updates, pc.not_equal(before, after))
+        moved = pc.and_kleene(updates, pc.not_equal(before, after))
         if pc.any(pc.fill_null(moved, True)).as_py():
             return None  # a key change
         key_columns.append(before)
     table = pa.table(
         {**{f"k{i}": c for i, c in enumerate(key_columns)}, _INDEX: pa.array(range(rows.num_rows))}
     )
-    order = pc.sort_indices(rows.select(["commit_lsn", "ordinal"]))
+    order = pc.sort_indices(
+        rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")]
+    )
     ranks = pc.sort_indices(order)  # each row's position in sequence order
     table = table.set_column(table.schema.get_field_index(_INDEX), _INDEX, ranks)
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)

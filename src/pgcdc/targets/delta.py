@@ -57,6 +57,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, w
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.spark.envelope import ENVELOPE_ARROW_SCHEMA
+from pgcdc.targets.bulk import BulkMirror, bulk_mirror
 from pgcdc.targets.fold import (
     Change,
     HistoryPlan,
@@ -71,6 +72,7 @@ from pgcdc.targets.fold import (
     segments,
 )
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
+from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
@@ -304,6 +306,8 @@ class DeltaTarget:
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, high)])
         if self.mode == "changelog":
             upserts, deletes, version = self._append(table, rows, commit)
+        elif self.mode == "mirror" and (bulk := bulk_mirror(rows)) is not None:
+            upserts, deletes, version = self._apply_bulk(table, bulk, rows, commit)
         else:
             changes = changes_from_envelope(rows)
             if not changes:  # only logical messages: nothing to write
@@ -387,6 +391,45 @@ class DeltaTarget:
         if table is None:
             raise TargetError(f"no Delta table at {self.path}")
         self._mark(table, CommitProperties(app_transactions=[Transaction(self.app_id, watermark)]))
+
+    def _apply_bulk(
+        self, table: DeltaTable | None, bulk: BulkMirror, rows: pa.Table, commit: CommitProperties
+    ) -> tuple[int, int, int]:
+        """A batch `bulk_mirror` folded in Arrow: typed a column at a time, one MERGE."""
+        shape = bulk.shape
+        first = Change((0, 0), "insert", shape, None, None, None, (), rows.column("lsn")[0].as_py())
+        source = self._check_source(table, [first])
+        current = None if table is None else self._schema(table)
+        evolution = self._evolve(current, [first], source)
+        schema = evolution.schema
+        columns = TextColumns(self._builder(shape).relation, self.registry, self.options, source)
+        names = [c.name for c in shape.columns]
+        upserts = columns.batch([bulk.upserts[n].combine_chunks() for n in names], bulk.upsert_rows)
+        deletes = pa.table(
+            {
+                n: columns.column(i, bulk.deletes[n].combine_chunks())[0]
+                for i, n in enumerate(names)
+                if n in bulk.deletes
+            }
+        )
+        data = pa.concat_tables(
+            [
+                _conform(pa.Table.from_batches([upserts]), schema).append_column(
+                    ACTION, pa.repeat("upsert", bulk.upsert_rows)
+                ),
+                _conform(deletes, schema).append_column(
+                    ACTION, pa.repeat("delete", bulk.delete_rows)
+                ),
+            ]
+        )
+        if table is None:
+            table = self._create(schema, source)
+        elif evolution.widened:
+            self._rewrite(table, schema)
+            table = self._load()
+        if not self._merge_mirror(table, shape, data, schema, commit):
+            self._mark(table, commit)
+        return bulk.upsert_rows, bulk.delete_rows, self._load().version()
 
     def _mark(self, table: DeltaTable, commit: CommitProperties) -> None:
         """A commit that only records the watermark (an empty append)."""
@@ -619,6 +662,18 @@ class DeltaTarget:
         if data.num_rows == 0:
             return False
         shape = (images or list(plan.deletes.values()))[0].shape
+        return self._merge_mirror(table, shape, data, schema, commit)
+
+    def _merge_mirror(
+        self,
+        table: DeltaTable,
+        shape: Shape,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> bool:
+        """`data` (with its action column) merged by key. Whether it wrote."""
+        current = self._schema(table)
         if not shape.key_names:
             return self._append_rows(table, data, schema, commit)
         match = self._key_match(shape)

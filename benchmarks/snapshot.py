@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--pg-version", type=int, default=None)
-    parser.add_argument("--chunk-blocks", type=int, default=4096)
+    parser.add_argument("--chunk-blocks", type=int, default=16384)
     parser.add_argument("--cores", default="*")
     args = parser.parse_args(argv)
     settings = {"autovacuum": "off", "shared_buffers": "512MB", "max_wal_size": "4GB"}

@@ -16,8 +16,8 @@ from pgcdc.errors import PgcdcError
 
 __all__ = ["Chunk", "SnapshotError", "plan_chunks"]
 
-#: About 32 MB of heap per chunk (8 kB blocks).
-DEFAULT_CHUNK_BLOCKS = 4096
+#: About 128 MB of heap per chunk (8 kB blocks): fewer, larger Delta commits copy faster.
+DEFAULT_CHUNK_BLOCKS = 16384
 
 _LEAVES_SQL = """
 WITH given AS (SELECT %s::regclass AS relid),

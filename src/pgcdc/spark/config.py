@@ -12,7 +12,7 @@ streaming = "on"                   # how the server sends large transactions (on
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
-chunk_blocks = 4096                # blocks (8 kB) per parallel copy task
+chunk_blocks = 16384               # blocks (8 kB) per parallel copy task
 
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.errors import PgcdcError
+from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
 
@@ -67,7 +68,7 @@ class PipelineConfig:
     tables: dict[str, tuple[str, ...]]
     create_slot: bool = False
     snapshot: bool = True
-    chunk_blocks: int = 4096
+    chunk_blocks: int = DEFAULT_CHUNK_BLOCKS
     streaming: str | None = None
     available_now: bool = False
     interval: str = "1 second"
@@ -153,7 +154,9 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         tables=parsed_tables,
         create_slot=bool(source.get("create_slot", False)),
         snapshot=bool(snapshot.get("enabled", True)),
-        chunk_blocks=_positive(snapshot.get("chunk_blocks", 4096), "snapshot.chunk_blocks"),
+        chunk_blocks=_positive(
+            snapshot.get("chunk_blocks", DEFAULT_CHUNK_BLOCKS), "snapshot.chunk_blocks"
+        ),
         streaming=source.get("streaming"),
         available_now=bool(trigger.get("available_now", False)),
         interval=str(trigger.get("interval", "1 second")),

@@ -69,9 +69,7 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     table = pa.table(
         {**{f"k{i}": c for i, c in enumerate(key_columns)}, _INDEX: pa.array(range(rows.num_rows))}
     )
-    order = pc.sort_indices(
-        rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")]
-    )
+    order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
     ranks = pc.sort_indices(order)  # each row's position in sequence order
     table = table.set_column(table.schema.get_field_index(_INDEX), _INDEX, ranks)
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)

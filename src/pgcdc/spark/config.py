@@ -19,7 +19,7 @@ path = "lake"                      # <path>/<schema>.<table>[__history|__changel
 
 [trigger]
 available_now = false              # true: catch up, then stop
-interval = "1 second"              # between micro-batches when continuous
+interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
 
 [tables]
@@ -71,7 +71,7 @@ class PipelineConfig:
     chunk_blocks: int = DEFAULT_CHUNK_BLOCKS
     streaming: str | None = None
     available_now: bool = False
-    interval: str = "1 second"
+    interval: str = "0.5 seconds"
     max_changes_per_batch: int | None = 1_000_000
     checkpoint: str | None = None
     source_options: dict[str, str] = field(default_factory=dict)
@@ -159,7 +159,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         ),
         streaming=source.get("streaming"),
         available_now=bool(trigger.get("available_now", False)),
-        interval=str(trigger.get("interval", "1 second")),
+        interval=str(trigger.get("interval", "0.5 seconds")),
         max_changes_per_batch=max_changes,
         checkpoint=None if checkpoint is None else str(base / checkpoint),
         source_options={str(k): str(v) for k, v in _section(source, "options").items()},

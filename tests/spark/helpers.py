@@ -15,11 +15,17 @@ def source_options(db: Database, slot: str, publication: str, **extra: Any) -> d
 
 
 def collect_stream(
-    spark: Any, options: dict[str, str], checkpoint: Path, *, fail_on: int | None = None
+    spark: Any,
+    options: dict[str, str],
+    checkpoint: Path,
+    *,
+    fail_on: int | None = None,
+    batches: list[tuple[int, list[Any]]] | None = None,
 ) -> list[tuple[int, list[Any]]]:
     """Run the stream to the server's current position; (batch id, rows in sequence order) per
-    micro-batch. With `fail_on`, that batch raises after being collected (a crash)."""
-    batches: list[tuple[int, list[Any]]] = []
+    micro-batch, also appended to `batches`. With `fail_on`, that batch raises after being
+    collected (a crash)."""
+    batches = [] if batches is None else batches
 
     def each(df: Any, batch_id: int) -> None:
         rows = sorted(df.collect(), key=lambda r: (r.commit_lsn, r.ordinal))
@@ -62,7 +68,7 @@ def pipeline_config(
         },
         "target": {"path": str(lake)},
         "trigger": {"available_now": True, **trigger},
-        "tables": tables,
+        "tables": dict(tables),  # a test may add one; the module's own dict stays as it is
     }
 
 

@@ -112,6 +112,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+import stream  # benchmarks/stream.py: this directory is first on sys.path for a script
 from pgcdc.embedded import Database, EmbeddedServer
 from pgcdc.protocol import Lsn, datetime_to_pg_timestamp
 from pgcdc.spark.config import PipelineConfig, parse_config
@@ -142,14 +143,6 @@ def load() -> str:
 # --------------------------------------------------------------------------- measuring CPU
 
 
-def reaped_children_cpu(pid: int) -> tuple[float, float]:
-    """(user, system) seconds of a process's exited-and-reaped children."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state); cutime and cstime are fields 16 and 17
-    return int(fields[13]) / CLK_TCK, int(fields[14]) / CLK_TCK
-
-
 def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
     """User + system seconds of `root` and every live descendant, each with its reaped
     children, except the subtrees of `exclude`: the JVM, the data source process and Python
@@ -177,18 +170,6 @@ def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
             total += stats[pid][1]
         todo.extend(children.get(pid, ()))
     return total
-
-
-def wait_walsender_gone(db: Database, slot: str, postmaster_pid: int) -> tuple[float, float]:
-    """Wait until the slot is released and its walsender reaped; the reaped-children CPU."""
-    deadline = time.monotonic() + 30
-    query = "SELECT active FROM pg_replication_slots WHERE slot_name = %s"
-    while db.execute(query, (slot,))[0][0]:
-        if time.monotonic() > deadline:
-            sys.exit(f"slot {slot} still active 30 s after its consumer finished")
-        time.sleep(0.02)
-    time.sleep(0.2)  # the postmaster reaps on SIGCHLD
-    return reaped_children_cpu(postmaster_pid)
 
 
 @dataclass
@@ -283,25 +264,10 @@ def workload(db: Database, rows: int, batch: int) -> int:
 
 
 def run_recvlogical(server: EmbeddedServer, db: Database, slot: str, endpos: Lsn) -> Result:
-    cmd = [str(server.bindir / "pg_recvlogical"), "-d", db.dsn, "--slot", slot, "--start"]
-    cmd += ["-f", "/dev/null", "--no-loop", "--endpos", str(endpos)]
-    cmd += ["-o", "proto_version=1", "-o", "publication_names=pub"]
-    pm = server.pid
-    assert pm is not None
-    s_user0, s_sys0 = reaped_children_cpu(pm)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace").strip()
-    proc.stderr.close()
-    if proc.returncode != 0:
-        sys.exit(f"pg_recvlogical exited {proc.returncode}: {err}\n  {' '.join(cmd)}")
-    s_user1, s_sys1 = wait_walsender_gone(db, slot, pm)
-    client = usage.ru_utime + usage.ru_stime
-    return Result("pg_recvlogical", wall, client, s_user1 - s_user0 + s_sys1 - s_sys0)
+    """benchmarks/stream.py's pg_recvlogical run (proto 1, to /dev/null), summed up."""
+    run = stream.run_recvlogical(server, db, slot, stream.MODES[0], endpos)
+    client = run.client_user + run.client_sys
+    return Result("pg_recvlogical", run.wall, client, run.server_user + run.server_sys)
 
 
 def profiled(profiler: cProfile.Profile) -> type[Pipeline]:
@@ -342,14 +308,14 @@ def run_pipeline(
     pipeline = cls(config, spark, on_batch=on_batch)
     pm = server.pid
     assert pm is not None
-    s_user0, s_sys0 = reaped_children_cpu(pm)
+    s_user0, s_sys0 = stream.reaped_children_cpu(pm)
     cpu0 = tree_cpu(os.getpid(), (pm,))
     started = time.time()
     t0 = time.perf_counter()
     pipeline.run()
     wall = time.perf_counter() - t0
     cpu1 = tree_cpu(os.getpid(), (pm,))
-    s_user1, s_sys1 = wait_walsender_gone(db, config.slot, pm)
+    s_user1, s_sys1 = stream.wait_walsender_gone(db, config.slot, pm)
     last = batches[-1].since_start if batches else wall
     server_cpu = s_user1 - s_user0 + s_sys1 - s_sys0
     result = Result("pipeline", wall, cpu1 - cpu0, server_cpu)

@@ -8,7 +8,9 @@ that is not installed skips its tests and is named in the terminal summary.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -89,6 +91,30 @@ def pg(pg_server: EmbeddedServer) -> Iterator[Database]:
         yield db
     finally:
         db.drop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the whole run (`pgcdc.spark.session.local_session`: two
+    cores, UTC, Python workers on this interpreter, pgoutput registered); the tests that use
+    it are skipped when it cannot start within 60 s (no Java, no free port, ...)."""
+    from pgcdc.spark.session import local_session
+
+    started: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            started["session"] = local_session("pgcdc-tests", cores="2")
+        except Exception as exc:
+            started["error"] = exc
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(60)
+    if "session" not in started:
+        pytest.skip(f"no local Spark session: {started.get('error', 'not started in 60 s')}")
+    yield started["session"]
+    started["session"].stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

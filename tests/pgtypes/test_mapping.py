@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, date, datetime, time, timedelta
@@ -576,46 +573,6 @@ def test_unknown_binary_cannot_be_text(pg: Database) -> None:
 
 
 # --- (d) Spark -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """One local Spark session for the module; skipped when it cannot start within 60 s. Its
-    Python workers (for data sources) run this interpreter, which has pgcdc's dependencies."""
-    from pyspark.sql import SparkSession
-
-    started: dict[str, Any] = {}
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-
-    def start() -> None:
-        try:
-            started["session"] = (
-                SparkSession.builder.master("local[1]")
-                .appName("pgcdc-test-mapping")
-                .config("spark.ui.enabled", "false")
-                .config("spark.sql.session.timeZone", "UTC")
-                .config("spark.sql.shuffle.partitions", "1")
-                .getOrCreate()
-            )
-        except Exception as exc:  # no Java, no free port, ...
-            started["error"] = exc
-
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    thread.join(60)
-    try:
-        if "session" not in started:
-            reason = started.get("error", "it did not start within 60 s")
-            pytest.skip(f"no local Spark session: {reason}")
-        session = started["session"]
-        yield session
-        session.stop()
-    finally:
-        if saved is None:
-            os.environ.pop("PYSPARK_PYTHON", None)
-        else:
-            os.environ["PYSPARK_PYTHON"] = saved
 
 
 SPARK_COLUMNS = [  # name, type OID, typmod, two rows' text values

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.snapshot.copier import CHUNK_KEY
+from pgcdc.spark.initial_copy import CHUNK_KEY
 from pgcdc.targets import DeltaTarget
 from replication.helpers import unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline

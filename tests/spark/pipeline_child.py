@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from pgcdc.snapshot.copier import TableProgress
 from pgcdc.spark.config import parse_config
+from pgcdc.spark.initial_copy import TableProgress
 from pgcdc.spark.pipeline import BatchReport, Pipeline
 from pgcdc.spark.session import local_session
 

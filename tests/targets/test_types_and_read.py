@@ -3,10 +3,6 @@ local Spark session without Delta's jars."""
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -96,46 +92,6 @@ def test_out_of_range_values_under_the_null_policy(tmp_path: Path) -> None:
     t.apply(envelope(txn(0x100, insert(TYPED, id="1", at="infinity", note="x"))))
     (row,) = t.to_arrow().select(["id", "at", "note", "_pgcdc_out_of_range"]).to_pylist()
     assert row == {"id": 1, "at": None, "note": "x", "_pgcdc_out_of_range": ["at"]}
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """One local Spark session for the module (its Python workers run this interpreter);
-    skipped when it cannot start within 60 s."""
-    from pyspark.sql import SparkSession
-
-    started: dict[str, Any] = {}
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-
-    def start() -> None:
-        try:
-            started["session"] = (
-                SparkSession.builder.master("local[1]")
-                .appName("pgcdc-test-targets")
-                .config("spark.ui.enabled", "false")
-                .config("spark.sql.session.timeZone", "UTC")
-                .config("spark.sql.shuffle.partitions", "1")
-                .getOrCreate()
-            )
-        except Exception as exc:  # no Java, no free port, ...
-            started["error"] = exc
-
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    thread.join(60)
-    try:
-        if "session" not in started:
-            reason = started.get("error", "it did not start within 60 s")
-            pytest.skip(f"no local Spark session: {reason}")
-        session = started["session"]
-        yield session
-        session.stop()
-    finally:
-        if saved is None:
-            os.environ.pop("PYSPARK_PYTHON", None)
-        else:
-            os.environ["PYSPARK_PYTHON"] = saved
 
 
 def test_read_target_with_spark(tmp_path: Path, spark: Any) -> None:

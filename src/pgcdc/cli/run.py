@@ -17,8 +17,8 @@ from rich.table import Table
 
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import connect_sql
-from pgcdc.snapshot.copier import TableProgress
 from pgcdc.spark.config import load_config
+from pgcdc.spark.initial_copy import TableProgress
 from pgcdc.spark.pipeline import Pipeline, PipelineStats
 
 __all__ = ["run_pipeline"]

@@ -27,8 +27,9 @@ from pgcdc.decoding.catalog import Catalog
 from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import connect_sql, get_slot
-from pgcdc.snapshot.copier import InitialCopy, TableProgress
 from pgcdc.spark.config import PipelineConfig, TableTarget
+from pgcdc.spark.initial_copy import InitialCopy, TableProgress
+from pgcdc.spark.session import error_line
 from pgcdc.targets import DeltaTarget
 from pgcdc.types.catalog import resolve
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
@@ -313,9 +314,9 @@ class Pipeline:
                 self._drain_copied()
             exc = query.exception()
             if exc is not None:
-                raise PipelineFailed(_spark_error_text(exc))
+                raise PipelineFailed(error_line(exc))
         except StreamingQueryException as exc:
-            raise PipelineFailed(_spark_error_text(exc)) from None
+            raise PipelineFailed(error_line(exc)) from None
         finally:
             self._after_stop()
         return self.stats
@@ -359,16 +360,6 @@ def _end_offset(progress: Any) -> str | None:
 
 class PipelineFailed(PgcdcError):
     """The streaming query stopped with an error (the first line of Spark's, cleaned up)."""
-
-
-def _spark_error_text(exc: Any) -> str:
-    """The useful part of a StreamingQueryException: pgcdc's own error line if there is one."""
-    text = str(getattr(exc, "desc", None) or exc)
-    for line in text.splitlines():
-        for marker in ("pgcdc.errors.", "SourceError:", "SchemaChangeError:", "TargetError:"):
-            if marker in line:
-                return line.split(marker, 1)[-1].split(": ", 1)[-1].strip()
-    return text.strip().splitlines()[0] if text.strip() else repr(exc)
 
 
 def _advance_when_free(conninfo: str, slot: str, lsn: Lsn, timeout: float = 15.0) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from typing import Any
 from pgcdc.errors import SourceError
 from pgcdc.spark.source import register
 
-__all__ = ["ensure_java", "local_session"]
+__all__ = ["ensure_java", "error_line", "local_session"]
 
 
 def ensure_java() -> None:
@@ -78,3 +79,21 @@ def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+#: A Python exception line (``module.Class: message``), not a JVM one.
+_PYTHON_ERROR = re.compile(r"^(?!(org|java|scala|py4j)\.)[A-Za-z_]\w*(\.\w+)*: \S")
+
+
+def error_line(exc: BaseException) -> str:
+    """What a failed Spark job or query says, in one line: pgcdc's own error when one came
+    from Python code on the driver or an executor, else Spark's first line."""
+    text = str(getattr(exc, "desc", None) or exc).strip()
+    lines = [line.strip() for line in text.splitlines()]
+    for line in lines:
+        if line.startswith("pgcdc.errors."):
+            return line.split(": ", 1)[-1]
+    for line in reversed(lines):  # the last exception line of a Python traceback
+        if _PYTHON_ERROR.match(line) and ("." in line.split(":", 1)[0] or "Error" in line):
+            return line
+    return lines[0] if lines else repr(exc)

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pgcdc.errors import SpoolError
 from pgcdc.protocol import Lsn
@@ -73,7 +74,7 @@ class Spool:
         self.changed = threading.Condition()
         self._units: list[_Unit] = []
         self._segment = -1
-        self._file: object = None
+        self._file: BinaryIO | None = None
         self._size = 0
         self._bytes_held = 0
         self._roll()
@@ -83,7 +84,7 @@ class Spool:
 
     def _roll(self) -> None:
         if self._file is not None:
-            self._file.close()  # type: ignore[attr-defined]
+            self._file.close()
         self._segment += 1
         self._file = open(self._path(self._segment), "wb")  # noqa: SIM115 - kept open
         self._size = 0
@@ -105,9 +106,10 @@ class Spool:
                 )
             if self._size and self._size + len(record) > self.segment_bytes:
                 self._roll()
-            self._file.write(record)  # type: ignore[attr-defined]
+            assert self._file is not None
+            self._file.write(record)
             # Executors read the file through the OS: hand every record over at once.
-            self._file.flush()  # type: ignore[attr-defined]
+            self._file.flush()
             unit = _Unit(txn.end_lsn, self._segment, self._size, len(record), txn.changes)
             self._units.append(unit)
             self._size += len(record)
@@ -207,7 +209,7 @@ class Spool:
             self.closed = True
             self.changed.notify_all()
             if self._file is not None:
-                self._file.close()  # type: ignore[attr-defined]
+                self._file.close()
                 self._file = None
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -24,7 +24,7 @@ from pgcdc.types.catalog import resolve
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
-__all__ = ["catalog_registry", "catalog_relation", "table_changes"]
+__all__ = ["CatalogAnswers", "catalog_registry", "catalog_relation", "table_changes"]
 
 _KEPT = ("commit_lsn", "ordinal", "sequence", "xid", "commit_ts", "origin", "op", "lsn")
 _COLUMNS_SQL = """
@@ -39,7 +39,7 @@ ORDER BY a.attnum
 """
 
 
-class _Answers:
+class CatalogAnswers:
     """Catalog answers recorded on the driver and replayed on executors: a registry holds
     functions that do not pickle, so executors rebuild it from the same answers."""
 
@@ -60,7 +60,7 @@ class _Answers:
         self.__dict__.update(state)
 
 
-def catalog_relation(conninfo: str, table: str) -> tuple[Relation, _Answers]:
+def catalog_relation(conninfo: str, table: str) -> tuple[Relation, CatalogAnswers]:
     """`table` ("schema.name") as a Relation message would describe it now, and the catalog
     answers that type its columns."""
     schema, _, name = table.rpartition(".")
@@ -70,14 +70,14 @@ def catalog_relation(conninfo: str, table: str) -> tuple[Relation, _Answers]:
         regclass = f"{catalog.quote_identifier(schema)}.{catalog.quote_identifier(name)}"
         rows = catalog.query(_COLUMNS_SQL, (regclass,))
         columns = tuple(Column(int(bool(k)), n, int(oid), int(mod)) for n, oid, mod, k in rows)
-        answers = _Answers(catalog)
+        answers = CatalogAnswers(catalog)
         resolve(DEFAULT_REGISTRY.copy(), answers, [c.type_oid for c in columns])
     finally:
         catalog.close()
     return Relation(0, schema, name, "d", columns), answers
 
 
-def catalog_registry(relation: Relation, answers: _Answers) -> TypeRegistry:
+def catalog_registry(relation: Relation, answers: CatalogAnswers) -> TypeRegistry:
     """The registry that types `relation`'s columns, built from recorded catalog answers."""
     registry = DEFAULT_REGISTRY.copy()
     resolve(registry, answers, [c.type_oid for c in relation.columns])
@@ -100,7 +100,7 @@ def table_changes(
     """`envelope`'s insert/update/delete rows of `table`, with typed ``key``/``before``/
     ``after`` structs; give `conninfo` (the catalog says the columns and resolves user-defined
     types) or a `relation` of built-in types."""
-    answers = _Answers()
+    answers = CatalogAnswers()
     if relation is None:
         if conninfo is None:
             raise ValueError("table_changes needs conninfo or relation")

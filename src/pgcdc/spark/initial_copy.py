@@ -37,11 +37,11 @@ from pgcdc.errors import PgcdcError
 from pgcdc.protocol import Lsn, Relation
 from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS, ReplicationConnection
 from pgcdc.replication.slots import connect_sql
-from pgcdc.snapshot.copy import copy_query, read_copy
+from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, plan_chunks
-from pgcdc.spark.typed import _Answers, catalog_registry, catalog_relation
+from pgcdc.spark.session import error_line
+from pgcdc.spark.typed import CatalogAnswers, catalog_registry, catalog_relation
 from pgcdc.targets import END_AT, START_AT, DeltaTarget
-from pgcdc.types.arrow import OUT_OF_RANGE_COLUMN
 
 __all__ = ["CHUNK_KEY", "InitialCopy", "TableProgress"]
 
@@ -91,7 +91,7 @@ class _Task:
     snapshot: str
     chunk: Chunk
     relation: Relation
-    answers: _Answers
+    answers: CatalogAnswers
     targets: tuple[_Target, ...]
     point: int
     merge: bool
@@ -119,15 +119,7 @@ def _rows(task: _Task) -> pa.Table:
         batches = list(read_copy(conn, query, relation, registry, table_name=chunk.table))
     finally:
         conn.close()
-    names = [c.name for c in relation.columns]
-    if batches:
-        table = pa.Table.from_batches(batches)
-    else:
-        from pgcdc.types.arrow import relation_arrow_schema
-
-        table = relation_arrow_schema(relation, registry).empty_table()
-    keep = [*names, *([OUT_OF_RANGE_COLUMN] if OUT_OF_RANGE_COLUMN in table.column_names else [])]
-    return table.select(keep)
+    return pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
 
 
 def _for_target(rows: pa.Table, mode: str, point: int) -> pa.Table:
@@ -354,7 +346,7 @@ class InitialCopy:
                     # Merges into one table must not race: one task at a time.
                     _ = list(rdd.toLocalIterator()) if merge else rdd.collect()
             except Exception as exc:
-                self.progress[table].error = _first_line(exc)
+                self.progress[table].error = error_line(exc)
 
         threads = [
             threading.Thread(target=job, args=item, name=f"pgcdc-copy-{item[0]}", daemon=True)
@@ -379,11 +371,3 @@ class InitialCopy:
             progress.rows_done = sum(done.values())
         if self.on_progress is not None:
             self.on_progress(self.progress)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    for line in text.splitlines():
-        if "Error:" in line and "pgcdc" in line:
-            return line.split("Error:", 1)[-1].strip()
-    return text.strip().splitlines()[0] if text.strip() else repr(exc)

@@ -120,3 +120,30 @@ def test_update_without_identity_is_refused() -> None:
     assert len(plan.upserts) == 2  # no identity: every insert is its own row
     with pytest.raises(TargetError, match="no replica identity key"):
         fold_mirror(changes(txn(0x100, update(keyless, {"id": 1}))))
+
+
+FULL = relation(("tag", TEXT), ("n", INT4), ("note", TEXT), identity="f")
+
+
+@pytest.mark.parametrize("fold", [fold_mirror, fold_history])
+def test_identity_full_key_includes_unchanged_toast(fold) -> None:  # type: ignore[no-untyped-def]
+    """Under REPLICA IDENTITY FULL an unchanged TOAST column is part of the key: the new
+    row's key comes from the image with it filled from the old row, so a second update in the
+    batch finds the first one's row (issue 12, case 1)."""
+    old1 = {"tag": "a", "n": 1, "note": "big"}
+    old2 = {"tag": "a", "n": 2, "note": "big"}
+    got = changes(
+        txn(0x100, update(FULL, {"tag": "a", "n": 2, "note": UNCHANGED}, old=old1)),
+        txn(0x200, update(FULL, {"tag": "a", "n": 3, "note": UNCHANGED}, old=old2)),
+    )
+    plan = fold(got)
+    if fold is fold_mirror:
+        assert list(plan.upserts) == [("a", "3", "big")]
+        assert plan.upserts[("a", "3", "big")].values["note"] == "big"
+        assert set(plan.deletes) == {("a", "1", "big"), ("a", "2", "big")}
+    else:
+        current = [v for v in plan.versions if v.end is None]
+        assert [v.key for v in current] == [("a", "3", "big")]
+        assert ("a", "1", "big") in plan.closes  # the target's version of the old row ends
+        assert [v.key for v in plan.versions] == [("a", "2", "big"), ("a", "3", "big")]
+        assert plan.versions[0].end == (0x200, 1) and not plan.lookups

@@ -221,6 +221,19 @@ def _key_of(values: Text | None, shape: Shape, seq: Seq) -> Key:
     return tuple(values.get(name) for name in shape.key_names)
 
 
+def _image_key(image: Image, seq: Seq) -> Key:
+    """The key of a row image: the one rule for every image a change makes. Taken from the
+    values with unchanged TOAST columns filled in (under REPLICA IDENTITY FULL they are part
+    of the key), never from the raw new tuple, which lacks them."""
+    unknown = [n for n in image.shape.key_names if n in image.missing]
+    if unknown:
+        raise TargetError(
+            f"{image.shape.name}: the key column(s) {', '.join(unknown)} of the change at "
+            f"{_where(seq)} are unchanged TOAST values the change does not carry"
+        )
+    return _key_of(image.values, image.shape, seq)
+
+
 def _key_image(values: Text | None, change: Change) -> Image:
     names = change.shape.key_names
     kept = {n: v for n, v in (values or {}).items() if n in names}
@@ -288,12 +301,12 @@ def fold_mirror(changes: Iterable[Change]) -> MirrorPlan:
             plan.truncated = True
         elif op == "insert":
             image = Image(dict(change.after or {}), shape, lsn=change.lsn)
-            state[_key_of(change.after, shape, change.seq)] = image
+            state[_image_key(image, change.seq)] = image
         elif op == "update":
             old = _identity(change)
-            new = _key_of(change.after, shape, change.seq)
             previous = state.get(old, None if plan.truncated else _UNKNOWN)
             image = _new_image(change, old, previous)
+            new = _image_key(image, change.seq)
             if previous is _UNKNOWN and image.missing:
                 plan.lookups[old] = _key_image(change.key, change)
             if new != old:
@@ -363,15 +376,14 @@ def fold_history(changes: Iterable[Change]) -> HistoryPlan:
             if plan.truncated_at is None:
                 plan.truncated_at = seq
         elif op == "insert":
-            new = _key_of(change.after, shape, seq)
-            if shape.key_names:  # without identity a row is new by definition
-                close(new, seq, _key_image(change.after, change))
-            current[new] = len(plan.versions)
             image = Image(dict(change.after or {}), shape, lsn=change.lsn)
+            new = _image_key(image, seq)
+            if shape.key_names:  # without identity a row is new by definition
+                close(new, seq, _key_image(image.values, change))
+            current[new] = len(plan.versions)
             plan.versions.append(Version(new, image, seq))
         elif op == "update":
             old = _identity(change)
-            new = _key_of(change.after, shape, seq)
             if old in current:
                 previous: Image | object | None = plan.versions[current[old]].image
             elif old in settled or plan.truncated_at is not None:
@@ -379,11 +391,12 @@ def fold_history(changes: Iterable[Change]) -> HistoryPlan:
             else:
                 previous = _UNKNOWN
             image = _new_image(change, old, previous)
+            new = _image_key(image, seq)
             if previous is _UNKNOWN and image.missing:
                 plan.lookups[old] = _key_image(change.key, change)
             close(old, seq, _key_image(change.key, change))
             if new != old:
-                close(new, seq, _key_image(change.after, change))
+                close(new, seq, _key_image(image.values, change))
             current[new] = len(plan.versions)
             plan.versions.append(Version(new, image, seq))
         else:  # delete

@@ -122,7 +122,19 @@ def chunk_commits(path: Path) -> list[str]:
     return [c[CHUNK_KEY] for c in DeltaTable(str(path)).history() if CHUNK_KEY in c]
 
 
-def test_crash_mid_copy_resumes_with_what_was_left(pg: Database, tmp_path: Path) -> None:
+def _copy_points(path: Path) -> set[str]:
+    from deltalake import DeltaTable
+
+    from pgcdc.spark.initial_copy import POINT_KEY
+
+    return {c[POINT_KEY] for c in DeltaTable(str(path)).history() if POINT_KEY in c}
+
+
+def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> None:
+    """Killed mid-copy: the next run drops the slot, empties the targets and copies every
+    chunk again under one new snapshot (chunks of two snapshots would not be one point in
+    time), then streams; a key change of a TOASTed row in a chunk not yet copied keeps its
+    value (issue 12, cases 3 and 4)."""
     if pg.version < 18:
         pytest.skip("restarts Spark several times; the matrix is the other tests'")
     slot, publication = setup(pg, 40000)
@@ -136,13 +148,61 @@ def test_crash_mid_copy_resumes_with_what_was_left(pg: Database, tmp_path: Path)
     planned = len(state["chunks"]["public.customers"])
     assert state["status"] == "copying" and 0 < len(first) < planned
     pg.execute("UPDATE customers SET name = 'after crash' WHERE id % 97 = 0")
+    # A row of the last chunks, with a TOASTed value, moves to a new key (and on again).
+    pg.execute("UPDATE customers SET id = 92000 WHERE id = 39900")
+    pg.execute("UPDATE customers SET id = 93000, name = 'moved twice' WHERE id = 92000")
     code, output = _finish(_child(config))
     assert code == 0 and "caught up" in output, output
-    commits = chunk_commits(lake / "public.customers")
-    # Every chunk is in exactly once: the second run copied only the chunks that were left.
-    assert sorted(commits) == sorted(c["id"] for c in state["chunks"]["public.customers"])
-    assert len(commits) - len(first) == planned - len(first)
+    again = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
+    assert again["status"] == "done" and again["point"] != state["point"]
+    history = lake / "public.customers__history"
+    planned_again = sorted(c["id"] for c in again["chunks"]["public.customers"])
+    for path in (lake / "public.customers", history):
+        # Every chunk once more, all under the new snapshot (the first copy's rows are gone).
+        assert sorted(_chunks_at(path, _lsn(again))) == planned_again
+        assert _copy_points(path) == {_lsn(again), _lsn(state)}
     assert_identical(pg, config)
+    moved = _target(lake / "public.customers").to_arrow().to_pylist()
+    notes = {r["id"]: r["notes"] for r in moved if r["id"] in (39900, 92000, 93000)}
+    assert notes == {93000: "t" * 300000}
+
+
+def _chunks_at(path: Path, point: str) -> list[str]:
+    from deltalake import DeltaTable
+
+    from pgcdc.spark.initial_copy import POINT_KEY
+
+    history = DeltaTable(str(path)).history()
+    return [c[CHUNK_KEY] for c in history if CHUNK_KEY in c and c.get(POINT_KEY) == point]
+
+
+def _lsn(state: dict[str, Any]) -> str:
+    from pgcdc.protocol import Lsn
+
+    return str(int(Lsn.parse(state["point"])))
+
+
+def test_killed_between_slot_creation_and_the_copy_plan(pg: Database, tmp_path: Path) -> None:
+    """The process dies right after CREATE_REPLICATION_SLOT returned: the next run knows the
+    slot is its own (the record written before it was created), drops it and copies
+    everything, instead of streaming from it without the pre-existing rows (issue 12, case 2)."""
+    if pg.version < 18:
+        pytest.skip("restarts Spark several times; the matrix is the other tests'")
+    slot, publication = setup(pg, 3000)
+    lake = tmp_path / "lake"
+    config = config_for(pg, slot, publication, lake)
+    code, output = _finish(_child(config, "--exit-after-slot", "1"))
+    assert code == 3, output
+    assert pg.execute(f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'") == [
+        (1,)
+    ]
+    state = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
+    assert state["status"] == "creating"
+    pg.execute("UPDATE customers SET name = 'after the slot' WHERE id % 7 = 0")
+    code, output = _finish(_child(config))
+    assert code == 0 and "caught up" in output, output
+    assert_identical(pg, config)
+    assert _count(lake / "public.customers") == 3000
 
 
 def test_a_table_added_later_is_copied_while_the_others_stream(

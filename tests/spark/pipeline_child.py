@@ -1,10 +1,12 @@
 """Runs one pipeline in its own process, for the crash tests.
 
-    python pipeline_child.py CONFIG_JSON [--exit-after-batches N | --exit-after-chunks N]
+    python pipeline_child.py CONFIG_JSON [--exit-after-batches N | --exit-after-chunks N |
+                                          --exit-after-slot 1]
 
 With ``--exit-after-batches N`` the process dies (``os._exit``) right after the N-th batch's
 Delta commits and before Spark records the batch as done: the worst moment to crash. With
-``--exit-after-chunks N`` it dies once the initial copy has committed N chunks.
+``--exit-after-chunks N`` it dies once the initial copy has committed N chunks; with
+``--exit-after-slot 1`` right after the replication slot was created (before anything else).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from pgcdc.spark.config import parse_config
 from pgcdc.spark.initial_copy import TableProgress
@@ -41,6 +44,18 @@ def main() -> None:
         if exit_after_chunks is not None and copied >= exit_after_chunks:
             print(f"copied {copied} chunks", flush=True)
             os._exit(3)
+
+    if flag == "--exit-after-slot":
+        from pgcdc.replication.connection import ReplicationConnection
+
+        create_slot = ReplicationConnection.create_slot
+
+        def create_then_die(self: ReplicationConnection, *args: Any, **kwargs: Any) -> Any:
+            create_slot(self, *args, **kwargs)
+            print("slot created", flush=True)
+            os._exit(3)
+
+        ReplicationConnection.create_slot = create_then_die  # type: ignore[method-assign]
 
     spark = local_session("pgcdc-crash-test", cores="2")
     Pipeline(config, spark, on_batch=on_batch, on_copy=on_copy).run()

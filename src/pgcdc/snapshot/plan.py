@@ -69,8 +69,11 @@ def qualified(table: str) -> str:
     return f"{_quote(schema or 'public')}.{_quote(name)}"
 
 
-def plan_chunks(conn: Any, table: str, chunk_blocks: int = DEFAULT_CHUNK_BLOCKS) -> list[Chunk]:
-    """The chunks of `table` ("schema.name"), read through `conn` (a psycopg connection)."""
+def plan_chunks(
+    conn: Any, table: str, chunk_blocks: int = DEFAULT_CHUNK_BLOCKS, label: str | None = None
+) -> list[Chunk]:
+    """The chunks of `table` ("schema.name"), read through `conn` (a psycopg connection),
+    filed under `label` (the pipeline's name for the table, if it was renamed since)."""
     try:
         leaves = conn.execute(_LEAVES_SQL, (qualified(table),)).fetchall()
     except Exception as exc:
@@ -84,7 +87,7 @@ def plan_chunks(conn: Any, table: str, chunk_blocks: int = DEFAULT_CHUNK_BLOCKS)
             end = starts[i + 1] if i + 1 < len(starts) else None
             blocks = (end if end is not None else max(int(pages), first + 1)) - first
             chunks.append(
-                Chunk(f"{leaf}:{first}", table, leaf, first, end, int(blocks * per_block))
+                Chunk(f"{leaf}:{first}", label or table, leaf, first, end, int(blocks * per_block))
             )
     return chunks
 

@@ -1,25 +1,26 @@
 """The initial copy of a pipeline's tables, handed off to the stream at the slot's consistent
-point, resumable chunk by chunk.
+point.
 
-First run: the pipeline's slot is created with an exported snapshot (reference §2); its
-consistent point P is where the stream will start. Every table is planned into block ranges
-(`pgcdc.snapshot.plan`) and the chunks are copied in parallel by Spark tasks, each importing
-the snapshot (``SET TRANSACTION SNAPSHOT``), so together they are the database exactly as of P.
-Each task appends its rows to the targets in a Delta commit that names the chunk; when every
-chunk is in, each target records P as its watermark and the stream takes over from P.
+First run: the pipeline records that it is about to create its slot, then creates it with an
+exported snapshot (reference §2); its consistent point P is where the stream will start. Every
+table is planned into block ranges (`pgcdc.snapshot.plan`) and the chunks are copied in
+parallel by Spark tasks, each importing the snapshot (``SET TRANSACTION SNAPSHOT``), so together
+they are the database exactly as of P. Each task appends its rows to the targets in a Delta
+commit that names the chunk; when every chunk is in, each target records P as its watermark
+and the stream takes over from P.
 
-A crash mid-copy: the exported snapshot died with its connection. The chunks already committed
-stay (their commits name them); the others are copied under a new exported snapshot P2 (a
-temporary slot's) and merged by key instead of appended, then the targets get watermark P.
-The stream then replays (P, P2] over rows copied as of P2, which converges per key because
-every change carries its row's new values. Limits, documented: a table without a key
-(REPLICA IDENTITY FULL) merges identical rows into one on that path, and an update in (P, P2]
-that left a TOASTed value unchanged on a row that moved from an unfinished chunk into a
-finished one cannot find the old value.
+A crash before the copy finished (also one between the slot's creation and the saving of the
+plan: the record written before the slot says the slot is the pipeline's own) starts the copy
+again: the exported snapshot died with its connection, and chunks read under another snapshot
+would not be the database at one point (rows move between chunks, history versions would start
+at the wrong LSN, an unchanged TOAST value of a row moved by a key change could not be found).
+Nothing has been streamed yet, so the slot is dropped and created again with a new snapshot,
+the targets are emptied and every chunk is copied once more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -33,10 +34,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from psycopg import sql
 
-from pgcdc.errors import PgcdcError
+from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn, Relation
 from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS, ReplicationConnection
-from pgcdc.replication.slots import connect_sql
+from pgcdc.replication.slots import connect_sql, drop_slot
 from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, plan_chunks
 from pgcdc.spark.session import error_line
@@ -94,7 +95,6 @@ class _Task:
     answers: CatalogAnswers
     targets: tuple[_Target, ...]
     point: int
-    merge: bool
 
 
 def _session(conninfo: str, snapshot: str) -> Any:
@@ -150,27 +150,8 @@ def copy_chunk(task: _Task) -> tuple[str, str, int]:
     for target in task.targets:
         data = _conform(_for_target(rows, target.mode, task.point), target.path)
         commit = CommitProperties(custom_metadata=metadata)
-        if task.merge:
-            _merge(target, data, task.relation, commit)
-        else:
-            write_deltalake(target.path, data, mode="append", commit_properties=commit)
+        write_deltalake(target.path, data, mode="append", commit_properties=commit)
     return task.chunk.table, task.chunk.id, rows.num_rows
-
-
-def _merge(target: _Target, data: pa.Table, relation: Relation, commit: CommitProperties) -> None:
-    keys = [c.name for c in relation.columns if c.flags & 1] or [c.name for c in relation.columns]
-    null_safe = not any(c.flags & 1 for c in relation.columns)
-    op = "IS NOT DISTINCT FROM" if null_safe else "="
-    match = " AND ".join(f'(t."{k}" {op} s."{k}")' for k in keys)
-    if target.mode == "history":
-        match += f' AND t."{END_AT}" IS NULL'
-    (
-        DeltaTable(target.path)
-        .merge(data, match, source_alias="s", target_alias="t", commit_properties=commit)
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .execute()
-    )
 
 
 def done_chunks(path: str, point: int) -> dict[str, int]:
@@ -198,6 +179,7 @@ class InitialCopy:
         *,
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
         on_progress: Callable[[dict[str, TableProgress]], None] | None = None,
+        source_names: dict[str, str] | None = None,
     ) -> None:
         self.spark = spark
         self.conninfo = conninfo
@@ -207,6 +189,8 @@ class InitialCopy:
         self.chunk_blocks = chunk_blocks
         self.on_progress = on_progress
         self.progress: dict[str, TableProgress] = {}
+        #: configured table -> its current name in the source (after a rename).
+        self.source_names = source_names or {}
 
     # -- state -----------------------------------------------------------------------------
 
@@ -222,51 +206,50 @@ class InitialCopy:
         tmp.replace(self.state_path)
 
     @property
-    def unfinished(self) -> bool:
+    def status(self) -> str | None:
+        """None (no copy was ever started), "creating" (the slot is being created: a slot of
+        that name is this pipeline's), "copying" or "done"."""
         state = self._state()
-        return state is not None and state["status"] != "done"
+        return None if state is None else str(state["status"])
 
     # -- running ---------------------------------------------------------------------------
 
     def start_fresh(self) -> Lsn:
-        """Create the slot with an exported snapshot and copy everything as of its point."""
+        """Create the slot with an exported snapshot and copy everything as of its point.
+
+        The state says "creating" before the slot exists, so a crash right after its creation
+        leaves a record that the slot is the pipeline's own (`restart` drops it)."""
+        self._save({"status": "creating", "slot": self.slot})
         with ReplicationConnection.connect(self.conninfo) as rconn:
             created = rconn.create_slot(self.slot, snapshot="export")
             assert created.snapshot_name is not None
             point = created.consistent_point
             with connect_sql(self.conninfo) as conn:
-                plans = {t: plan_chunks(conn, t, self.chunk_blocks) for t in self.targets}
+                plans = {
+                    t: plan_chunks(conn, self._source(t), self.chunk_blocks, t)
+                    for t in self.targets
+                }
             state = {
                 "status": "copying",
+                "slot": self.slot,
                 "point": str(point),
                 "chunks": {t: [c.to_json() for c in cs] for t, cs in plans.items()},
             }
             self._save(state)
-            copied = self._copy(plans, created.snapshot_name, point, merge=False)
+            copied = self._copy(plans, created.snapshot_name, point)
         self._finish(state, copied)
         return point
 
-    def resume(self) -> Lsn:
-        """Copy the chunks a crashed copy left, under a new snapshot, by key."""
-        state = self._state()
-        assert state is not None
-        point = Lsn.parse(state["point"])
-        plans: dict[str, list[Chunk]] = {}
-        #: Per target, the chunks it holds: a crash may come between a chunk's commits.
-        already: dict[str, set[str]] = {}
-        for table, chunks in state["chunks"].items():
-            paths = [t.path for t in self.targets.get(table, []) if t.mode != "changelog"]
-            for path in paths:
-                already[path] = set(done_chunks(path, point))
-            done = set.intersection(*(already[p] for p in paths)) if paths else set()
-            plans[table] = [c for c in map(Chunk.from_json, chunks) if c.id not in done]
-        temporary = f"pgcdc_resume_{uuid.uuid4().hex[:12]}"
-        with ReplicationConnection.connect(self.conninfo) as rconn:
-            created = rconn.create_slot(temporary, temporary=True, snapshot="export")
-            assert created.snapshot_name is not None
-            copied = self._copy(plans, created.snapshot_name, point, merge=True, already=already)
-        self._finish(state, copied)
-        return point
+    def restart(self) -> Lsn:
+        """A copy that did not finish (or never started after the slot was created): drop
+        the pipeline's slot, empty the targets and copy everything again under a new slot's
+        snapshot. Nothing was streamed before the copy finished, so nothing is lost."""
+        with contextlib.suppress(SlotNotFound):
+            drop_slot(self.conninfo, self.slot, wait=True)
+        for targets in self.targets.values():
+            for target in targets:
+                target.clear()
+        return self.start_fresh()
 
     def _finish(self, state: dict[str, Any], copied: set[str]) -> None:
         """The copied tables' targets take over from the point; a table whose copy failed
@@ -291,22 +274,20 @@ class InitialCopy:
                 for target in self.targets[table]:
                     target.clear()
             with connect_sql(self.conninfo) as conn:
-                plans = {t: plan_chunks(conn, t, self.chunk_blocks) for t in tables}
-            copied = self._copy(plans, created.snapshot_name, point, merge=False)
+                plans = {
+                    t: plan_chunks(conn, self._source(t), self.chunk_blocks, t) for t in tables
+                }
+            copied = self._copy(plans, created.snapshot_name, point)
         for table in copied:
             for target in self.targets[table]:
                 target.mark(int(point))
         return point, copied
 
-    def _copy(
-        self,
-        plans: dict[str, list[Chunk]],
-        snapshot: str,
-        point: Lsn,
-        *,
-        merge: bool,
-        already: dict[str, set[str]] | None = None,
-    ) -> set[str]:
+    def _source(self, table: str) -> str:
+        """The table's current name in the source (it may have been renamed)."""
+        return self.source_names.get(table, table)
+
+    def _copy(self, plans: dict[str, list[Chunk]], snapshot: str, point: Lsn) -> set[str]:
         """Copies every table's chunks, one Spark job per table, all at once; a table whose
         copy fails is left out (its progress holds the error). The tables that succeeded."""
         jobs: dict[str, list[_Task]] = {}
@@ -316,7 +297,7 @@ class InitialCopy:
             progress = TableProgress(table, len(chunks), estimated, int(point))
             self.progress[table] = progress
             try:
-                relation, answers = catalog_relation(self.conninfo, table)
+                relation, answers = catalog_relation(self.conninfo, self._source(table))
                 registry = catalog_registry(relation, answers)
                 for target in targets:
                     target.ensure_table(relation, registry)
@@ -324,18 +305,8 @@ class InitialCopy:
                 progress.error = str(exc)
                 continue
             copied = tuple(_Target(t.path, t.mode) for t in targets if t.mode != "changelog")
-            held = already or {}
             jobs[table] = [
-                _Task(
-                    self.conninfo,
-                    snapshot,
-                    c,
-                    relation,
-                    answers,
-                    tuple(t for t in copied if c.id not in held.get(t.path, ())),
-                    int(point),
-                    merge,
-                )
+                _Task(self.conninfo, snapshot, c, relation, answers, copied, int(point))
                 for c in chunks
             ]
 
@@ -343,8 +314,7 @@ class InitialCopy:
             try:
                 if tasks:
                     rdd = self.spark.sparkContext.parallelize(tasks, len(tasks)).map(copy_chunk)
-                    # Merges into one table must not race: one task at a time.
-                    _ = list(rdd.toLocalIterator()) if merge else rdd.collect()
+                    rdd.collect()
             except Exception as exc:
                 self.progress[table].error = error_line(exc)
 

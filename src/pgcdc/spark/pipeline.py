@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn
-from pgcdc.replication.slots import connect_sql, get_slot
+from pgcdc.replication.slots import SlotInfo, connect_sql, get_slot
+from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
 from pgcdc.spark.session import error_line
@@ -105,6 +106,8 @@ class Pipeline:
             )
             self.targets.setdefault(spec.table, []).append((spec, target))
         self.stats = PipelineStats()
+        self.bindings: TableBindings | None = None
+        self._unbound: set[int] = set()
         self.query: Any = None
         #: Tables whose targets wait for a copy; their changes go to a pending change log.
         self.pending: dict[str, DeltaTarget] = {}
@@ -143,13 +146,8 @@ class Pipeline:
         skipped = 0
         if batch.num_rows:
             self._resolve_types(batch)
-            names = pc.binary_join_element_wise(
-                pc.fill_null(batch.column("schema"), ""), batch.column("table"), "."
-            )
-            for table, targets in self.targets.items():
-                rows = batch.filter(pc.equal(names, table))
-                if not rows.num_rows:
-                    continue
+            for table, rows in self._route(batch).items():
+                targets = self.targets[table]
                 if table in self.pending:
                     self.pending[table].apply(rows)
                     applied[f"{table} pending copy"] = rows.num_rows
@@ -176,6 +174,40 @@ class Pipeline:
         if self.on_batch is not None:
             self.on_batch(report)
         return report
+
+    def _route(self, batch: pa.Table) -> dict[str, pa.Table]:
+        """The batch's rows per configured table, by relation OID (a renamed table keeps its
+        targets); rows of relations the pipeline does not follow are left out."""
+        bindings = self.bind()
+        oids = batch.column("relation_oid")
+        by_table: dict[str, list[int]] = {}
+        for oid in pc.unique(oids).to_pylist():
+            if oid is None or oid in self._unbound:
+                continue
+            table = bindings.table_of(oid)
+            if table is None:
+                table = bind_partition(self.config.conninfo, bindings, oid)
+                if table is None:
+                    self._unbound.add(oid)
+                    continue
+            by_table.setdefault(table, []).append(oid)
+        return {
+            table: batch.filter(pc.is_in(oids, value_set=pa.array(members, oids.type)))
+            for table, members in by_table.items()
+        }
+
+    def bind(self) -> TableBindings:
+        """The configured tables' relation OIDs, resolved or re-checked once per run
+        (`pgcdc.spark.bindings`): raises `BindingError` naming a table that cannot be
+        followed."""
+        if self.bindings is None:
+            self.bindings = bind_tables(
+                self.config.conninfo,
+                self.config.publication.split(","),
+                self.targets,
+                Path(self.config.state_path) / "tables.json",
+            )
+        return self.bindings
 
     def _foreach_batch(self, df: Any, batch_id: int) -> None:
         self.apply_batch(df.toArrow(), batch_id)
@@ -226,25 +258,38 @@ class Pipeline:
             Path(config.state_path) / "snapshot.json",
             chunk_blocks=config.chunk_blocks,
             on_progress=progress,
+            source_names=self.bind().current_names,
         )
 
     def initial_copy(self) -> None:
         """Copy the tables first when the slot is new (the pipeline creates it with an
-        exported snapshot) or a previous copy did not finish. Once the pipeline has run, a
-        table still without a copy (added since, or whose copy failed) is copied while the
-        stream runs. A first run on a slot the pipeline did not create copies nothing: the
-        slot holds the tables' changes from its creation on."""
+        exported snapshot) or a previous copy did not finish (it starts again: see
+        `pgcdc.spark.initial_copy`). Once the pipeline has run, a table still without a copy
+        (added since, or whose copy failed) is copied while the stream runs. A first run on
+        a slot the pipeline did not create copies nothing: the slot holds the tables' changes
+        from its creation on.
+
+        A slot that is gone while the targets hold data stops the pipeline: the changes
+        between the targets' watermarks and a new slot would be lost."""
         config = self.config
+        copier = self._copier()
+        status = copier.status if config.snapshot else None
+        slot = _slot_or_none(config.conninfo, config.slot)
+        watermarks = [t.watermark for ts in self.targets.values() for _, t in ts]
+        if status in ("creating", "copying"):
+            copier.restart()
+        elif slot is None and (status == "done" or any(w is not None for w in watermarks)):
+            applied = max((w for w in watermarks if w is not None), default=None)
+            raise SlotLost(
+                f'replication slot "{config.slot}" is gone, but the targets hold changes up '
+                f"to commit LSN {Lsn(applied) if applied is not None else '?'}: the changes "
+                "since then cannot be streamed again; move the targets and the pipeline's "
+                f"state ({config.state_path}) away to copy everything anew"
+            )
+        elif slot is None and config.create_slot and config.snapshot:
+            copier.start_fresh()
         if not config.snapshot:
             return
-        copier = self._copier()
-        if copier.unfinished:
-            copier.resume()
-        elif config.create_slot:
-            try:
-                get_slot(config.conninfo, config.slot)
-            except SlotNotFound:
-                copier.start_fresh()
         failed = {t for t, p in self.copy_progress.items() if p.error is not None}
         marked = {
             table: all(t.watermark is not None for _, t in targets)
@@ -294,6 +339,7 @@ class Pipeline:
         """Run until caught up (available-now), `stop()` or an error, after an initial copy
         if one is due; `tick` is called about twice a second (for a progress view)."""
         if self.query is None:
+            self.bind()
             self.initial_copy()
         query = self.query or self.start()
         if self._online is not None and self._online.ident is None:
@@ -356,6 +402,17 @@ def _end_offset(progress: Any) -> str | None:
     if isinstance(end, str):
         end = json.loads(end)
     return end.get("lsn") if isinstance(end, dict) else None
+
+
+def _slot_or_none(conninfo: str, slot: str) -> SlotInfo | None:
+    try:
+        return get_slot(conninfo, slot)
+    except SlotNotFound:
+        return None
+
+
+class SlotLost(PgcdcError):
+    """The pipeline's slot no longer exists though its targets hold data."""
 
 
 class PipelineFailed(PgcdcError):

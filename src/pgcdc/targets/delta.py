@@ -439,10 +439,13 @@ class DeltaTarget:
     def _check_source(self, table: DeltaTable | None, changes: list[Change]) -> str:
         """The source's name; refuses a batch of several tables, or of another table than
         the one the target was created for."""
-        names = {c.shape.name for c in changes}
-        if len(names) > 1:
-            raise TargetError(f"{self.path}: a batch holds several tables: {sorted(names)}")
-        source = self.source or names.pop()
+        if self.source is None:  # with `source`, the caller routed the rows by relation OID
+            names = {c.shape.name for c in changes}  # (a renamed table has two names)
+            if len(names) > 1:
+                raise TargetError(f"{self.path}: a batch holds several tables: {sorted(names)}")
+            source = names.pop()
+        else:
+            source = self.source
         if table is not None:
             recorded = table.metadata().configuration.get("pgcdc.source")
             if recorded and recorded != source:

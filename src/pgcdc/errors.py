@@ -21,6 +21,7 @@ __all__ = [
     "ProtocolError",
     "PublicationNotFound",
     "ReplicationError",
+    "ApplyError",
     "SchemaChangeError",
     "ServerConfigurationError",
     "SlotExists",
@@ -238,6 +239,11 @@ class ValueOutOfRange(PgcdcError):
 class TargetError(PgcdcError):
     """A change set cannot be applied to a target table (wrong table or mode, a type the
     table format cannot hold, a change the table's key cannot identify)."""
+
+
+class ApplyError(TargetError):
+    """A table's targets could not take a batch of its changes: names the table and the
+    changes (commit LSNs, the first key); the slot was not moved past them."""
 
 
 class SchemaChangeError(TargetError):

@@ -652,6 +652,21 @@ def run(pipeline: str) -> None:
 
 
 @cli.command()
+@click.argument("pipeline", type=click.Path(exists=True, dir_okay=False))
+@click.argument("table")
+@_user_errors
+def recopy(pipeline: str, table: str) -> None:
+    """Copy TABLE of a stopped pipeline anew (after a quarantine): its targets are removed;
+    the next `pgcdc run` copies it while the other tables stream, then applies the changes
+    logged since."""
+    from pgcdc.spark.config import load_config
+    from pgcdc.spark.pipeline import request_recopy
+
+    removed = request_recopy(load_config(pipeline), table)
+    click.echo(f"removed {', '.join(removed)}; the next `pgcdc run` copies {table} again")
+
+
+@cli.command()
 @_user_errors
 def demo() -> None:
     """The full demo: embedded PostgreSQL, a workload, the pipeline into Delta, a verdict."""

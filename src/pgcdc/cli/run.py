@@ -76,6 +76,14 @@ def _view(pipeline: Pipeline, lag: _Lag, rates: list[tuple[float, int]], stoppin
         table.add_section()
         for name, copy in sorted(pipeline.copy_progress.items()):
             table.add_row(f"{name} copy", _copy_text(copy))
+    records = pipeline.quarantine.records()
+    if records:
+        table.add_section()
+        for name, record in sorted(records.items()):
+            table.add_row(f"[red]{name} {record.status}[/]", record.reason)
+    if pipeline.wal_warning:
+        table.add_section()
+        table.add_row("[yellow]WAL[/]", f"[yellow]{pipeline.wal_warning}[/]")
     state = "finishing the current batch, then stopping" if stopping else "running"
     table.caption = (
         f"{state} · {stats.batches} batches · {stats.changes:,} changes · {rate:,.0f} changes/s"

@@ -9,6 +9,7 @@ publication = "shop_pub"
 slot = "shop_slot"
 create_slot = true                 # create the slot when missing
 streaming = "on"                   # how the server sends large transactions (on/off)
+max_retained_wal = "1GB"           # warn when the slot holds back more WAL than this
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
@@ -16,6 +17,7 @@ chunk_blocks = 16384               # blocks (8 kB) per parallel copy task
 
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
+on_error = "stop"                  # a change a table cannot take: "stop" or "quarantine"
 
 [trigger]
 available_now = false              # true: catch up, then stop
@@ -25,10 +27,19 @@ max_changes_per_batch = 1000000
 [tables]
 "public.customers" = ["mirror", "history"]
 "public.orders" = "mirror"
+"public.events" = { modes = ["mirror"], on_error = "quarantine" }
 ```
 
 Paths are relative to the configuration file's directory. ``checkpoint`` (``[target]``)
 defaults to ``<path>/_pgcdc/<name>/checkpoint``.
+
+``on_error``: what happens when a table's targets cannot take a change (a type change the
+target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
+default) stops the pipeline with one line naming the table and the change; nothing of the
+batch is confirmed, so the slot holds the WAL from there on. ``quarantine`` sets that table
+aside instead: its changes keep going, durably, to a change log in the pipeline's state while
+the other tables stream on and the slot moves; ``pgcdc recopy PIPELINE.toml TABLE`` then copies
+the table anew and applies the logged changes after the copy.
 """
 
 from __future__ import annotations
@@ -44,6 +55,8 @@ from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
 
 MODES = ("mirror", "history", "changelog")
+ON_ERROR = ("stop", "quarantine")
+_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
 _SUFFIX = {"mirror": "", "history": "__history", "changelog": "__changelog"}
 
 
@@ -75,6 +88,10 @@ class PipelineConfig:
     max_changes_per_batch: int | None = 1_000_000
     checkpoint: str | None = None
     source_options: dict[str, str] = field(default_factory=dict)
+    #: Per table: "stop" or "quarantine" (see the module docstring).
+    on_error: dict[str, str] = field(default_factory=dict)
+    #: Warn when the slot retains more WAL than this many bytes (None: never).
+    max_retained_wal: int | None = 1024**3
 
     @property
     def checkpoint_path(self) -> str:
@@ -113,13 +130,51 @@ def _required(section: dict[str, Any], key: str, where: str) -> str:
 
 
 def _modes(table: str, value: Any) -> tuple[str, ...]:
-    modes = (value,) if isinstance(value, str) else tuple(value)
+    modes = (value,) if isinstance(value, str) else value
+    if not isinstance(modes, list | tuple) or not modes:
+        modes = ()
     bad = [m for m in modes if m not in MODES]
     if not modes or bad:
         raise ConfigError(
             f"tables.{table!r}: modes must be among {', '.join(MODES)} (got {value!r})"
         )
-    return modes
+    return tuple(modes)
+
+
+def _on_error(value: Any, where: str) -> str:
+    if value not in ON_ERROR:
+        raise ConfigError(f"{where} must be one of {', '.join(ON_ERROR)} (got {value!r})")
+    return str(value)
+
+
+def _table(name: str, value: Any, default_on_error: str) -> tuple[tuple[str, ...], str]:
+    """A [tables] entry: a mode, a list of modes, or {modes = [...], on_error = "..."}."""
+    if not isinstance(value, dict):
+        return _modes(name, value), default_on_error
+    unknown = sorted(set(value) - {"modes", "on_error"})
+    if unknown:
+        raise ConfigError(f"tables.{name!r}: unknown key {unknown[0]!r} (modes, on_error)")
+    where = f"tables.{name!r}.on_error"
+    return _modes(name, value.get("modes")), _on_error(
+        value.get("on_error", default_on_error), where
+    )
+
+
+def parse_size(value: Any, where: str) -> int:
+    """Bytes from an integer or a string such as "512MB" or "1.5 GB"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        number = text.rstrip("KMGTB")
+        unit = text[len(number) :]
+        try:
+            size = float(number) * _UNITS[unit]
+        except (ValueError, KeyError):
+            size = 0
+        if size >= 1:
+            return int(size)
+    raise ConfigError(f'{where} must be a size such as 1073741824 or "1GB" (got {value!r})')
 
 
 def _positive(value: Any, where: str) -> int:
@@ -136,10 +191,13 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     snapshot = _section(data, "snapshot")
     if not tables:
         raise ConfigError('[tables] must name at least one table, e.g. "public.t" = "mirror"')
+    default_on_error = _on_error(target.get("on_error", "stop"), "target.on_error")
     parsed_tables = {}
-    for name, modes in tables.items():
+    on_error = {}
+    for name, value in tables.items():
         qualified = name if "." in name else f"public.{name}"
-        parsed_tables[qualified] = _modes(name, modes)
+        parsed_tables[qualified], on_error[qualified] = _table(name, value, default_on_error)
+    max_wal = source.get("max_retained_wal", 1024**3)
     target_path = base / _required(target, "path", "target")
     checkpoint = target.get("checkpoint")
     max_changes = trigger.get("max_changes_per_batch", 1_000_000)
@@ -163,6 +221,10 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         max_changes_per_batch=max_changes,
         checkpoint=None if checkpoint is None else str(base / checkpoint),
         source_options={str(k): str(v) for k, v in _section(source, "options").items()},
+        on_error=on_error,
+        max_retained_wal=None
+        if max_wal is False
+        else parse_size(max_wal, "source.max_retained_wal"),
     )
 
 

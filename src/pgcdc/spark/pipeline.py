@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import threading
 import time
@@ -24,18 +25,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import PgcdcError, SlotNotFound
+from pgcdc.errors import ApplyError, PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import SlotInfo, connect_sql, get_slot
 from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
+from pgcdc.spark.quarantine import Quarantine
 from pgcdc.spark.session import error_line
 from pgcdc.targets import DeltaTarget
 from pgcdc.types.catalog import resolve
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
-__all__ = ["BatchReport", "Pipeline", "PipelineStats"]
+__all__ = ["BatchReport", "Pipeline", "PipelineStats", "apply_error_line", "request_recopy"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,10 @@ class Pipeline:
             self.targets.setdefault(spec.table, []).append((spec, target))
         self.stats = PipelineStats()
         self.bindings: TableBindings | None = None
+        self.quarantine = Quarantine(Path(config.state_path) / "quarantine.json")
+        #: What `watch_wal` last found wrong with the slot's retained WAL (None: nothing).
+        self.wal_warning: str | None = None
+        self._wal_checked = float("-inf")
         self._unbound: set[int] = set()
         self.query: Any = None
         #: Tables whose targets wait for a copy; their changes go to a pending change log.
@@ -152,10 +158,20 @@ class Pipeline:
                     self.pending[table].apply(rows)
                     applied[f"{table} pending copy"] = rows.num_rows
                     continue
-                for spec, target in targets:
-                    result = target.apply(rows)
-                    applied[f"{table} {spec.mode}"] = result.applied
-                    skipped += result.skipped
+                try:
+                    for spec, target in targets:
+                        result = target.apply(rows)
+                        applied[f"{table} {spec.mode}"] = result.applied
+                        skipped += result.skipped
+                except Exception as exc:
+                    line = apply_error_line(table, rows, exc)
+                    if self.config.on_error.get(table, "stop") != "quarantine":
+                        raise ApplyError(
+                            f'{line}; nothing of it is confirmed (on_error = "quarantine" '
+                            "for this table lets the others stream on)"
+                        ) from None
+                    self._quarantine(table, line, rows)
+                    applied[f"{table} quarantined"] = rows.num_rows
         last_lsn = last_time = None
         if batch.num_rows:
             last = pc.max(batch.column("commit_lsn")).as_py()
@@ -174,6 +190,21 @@ class Pipeline:
         if self.on_batch is not None:
             self.on_batch(report)
         return report
+
+    def _quarantine(self, table: str, line: str, rows: pa.Table) -> None:
+        """Set `table` aside: its changes from this batch on go to its pending change log
+        (durable before the batch commits, so the slot may move); its targets stay."""
+        first = Lsn(pc.min(rows.column("commit_lsn")).as_py())
+        self.quarantine.add(table, line, str(first))
+        self.pending[table] = self._pending_target(table)
+        self.pending[table].apply(rows)
+        log.error(
+            "%s is quarantined: %s; its changes go to its change log until "
+            "`pgcdc recopy PIPELINE.toml %s`",
+            table,
+            line,
+            table,
+        )
 
     def _route(self, batch: pa.Table) -> dict[str, pa.Table]:
         """The batch's rows per configured table, by relation OID (a renamed table keeps its
@@ -295,14 +326,19 @@ class Pipeline:
             table: all(t.watermark is not None for _, t in targets)
             for table, targets in self.targets.items()
         }
-        if not any(marked.values()):
+        records = {t: r for t, r in self.quarantine.records().items() if t in self.targets}
+        set_aside = {t for t, r in records.items() if r.status == "quarantined"}
+        if not any(marked.values()) and not records:
             return  # a first run on a slot made by someone else: the stream has it all
         for table, ready in marked.items():
-            if not ready:  # added since the last run, or its copy failed
+            if table in set_aside:
+                self.pending[table] = self._pending_target(table)
+                log.warning("%s stays quarantined: %s", table, records[table].reason)
+            elif not ready:  # added since the last run, its copy failed, or a recopy
                 self.pending[table] = self._pending_target(table)
             elif Path(self._pending_path(table)).exists():
                 self._drain(table)  # a crash came after the copy, before the drain ended
-        waiting = sorted(set(self.pending) - failed)
+        waiting = sorted(set(self.pending) - failed - set_aside)
         for table in failed:
             log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
         if waiting:
@@ -334,6 +370,7 @@ class Pipeline:
                 target.apply(rows)
         shutil.rmtree(self._pending_path(table), ignore_errors=True)
         self.pending.pop(table, None)
+        self.quarantine.lift(table)
 
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
         """Run until caught up (available-now), `stop()` or an error, after an initial copy
@@ -353,6 +390,7 @@ class Pipeline:
                     break
                 query.awaitTermination(0.5)
                 self._drain_copied()
+                self.watch_wal()
                 if tick is not None:
                     tick()
             if self._online is not None and self._online.ident is not None:
@@ -366,6 +404,36 @@ class Pipeline:
         finally:
             self._after_stop()
         return self.stats
+
+    def watch_wal(self, every: float = 10.0) -> str | None:
+        """At most every `every` seconds, look at the slot: `wal_warning` says (and the log
+        warns once) when it retains more WAL than ``max_retained_wal``, or when the server
+        will invalidate it soon (``safe_wal_size`` below a tenth of that)."""
+        limit = self.config.max_retained_wal
+        now = time.monotonic()
+        if limit is None or now - self._wal_checked < every:
+            return self.wal_warning
+        self._wal_checked = now
+        try:
+            slot = get_slot(self.config.conninfo, self.config.slot)
+        except PgcdcError:
+            return self.wal_warning  # the stream reports a missing slot itself
+        warning = None
+        retained, safe = slot.retained_bytes or 0, slot.safe_wal_size
+        if retained > limit:
+            warning = (
+                f"slot {slot.slot_name} retains {_size(retained)} of WAL "
+                f"(max_retained_wal {_size(limit)})"
+            )
+        if safe is not None and safe < limit // 10:
+            warning = (
+                f"{warning + '; ' if warning else f'slot {slot.slot_name}: '}the server "
+                f"invalidates it after {_size(max(safe, 0))} more WAL (max_slot_wal_keep_size)"
+            )
+        if warning and warning != self.wal_warning:
+            log.warning("%s", warning)
+        self.wal_warning = warning
+        return warning
 
     def stop(self) -> None:
         """Finish the batch in progress, then stop."""
@@ -402,6 +470,55 @@ def _end_offset(progress: Any) -> str | None:
     if isinstance(end, str):
         end = json.loads(end)
     return end.get("lsn") if isinstance(end, dict) else None
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def request_recopy(config: PipelineConfig, table: str) -> list[str]:
+    """Ask for a new copy of `table` (quarantined or not), with the pipeline stopped: its
+    targets are removed now; the next run copies it while the others stream, then applies
+    the changes logged meanwhile and lifts any quarantine. The removed target paths."""
+    table = table if "." in table else f"public.{table}"
+    if table not in config.tables:
+        raise PgcdcError(f"{table} is not a table of pipeline {config.name!r}")
+    paths = [spec.path for spec in config.targets() if spec.table == table]
+    remote = [p for p in paths if "://" in p]
+    if remote:
+        raise PgcdcError(f"{remote[0]}: recopy removes local targets only")
+    Quarantine(Path(config.state_path) / "quarantine.json").request_recopy(table)
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    return paths
+
+
+_DATA_FILE = re.compile(r"\S*\.parquet\b|\b(?:file|s3a?|abfss?|gs)://\S+")
+
+
+def apply_error_line(table: str, rows: pa.Table, exc: BaseException) -> str:
+    """One line for a batch of `table` its targets could not take: the commit LSNs, the
+    first change and its key, and the error's first line without data file names."""
+    lsns = rows.column("commit_lsn")
+    low, high = Lsn(pc.min(lsns).as_py()), Lsn(pc.max(lsns).as_py())
+    order = pc.sort_indices(
+        rows.select(["commit_lsn", "ordinal"]),
+        [("commit_lsn", "ascending"), ("ordinal", "ascending")],
+    )
+    first = rows.take(order.slice(0, 1)).to_pylist()[0]
+    key = ", ".join(f"{k}={v}" for k, v in (first["key"] or []))
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = _DATA_FILE.sub("<data file>", reason)
+    span = f"commit LSN {low}" if low == high else f"commit LSNs {low} to {high}"
+    return (
+        f"{table}: cannot apply {rows.num_rows} change{'' if rows.num_rows == 1 else 's'} "
+        f"at {span} (first: {first['op']} "
+        f"of key ({key}) at LSN {Lsn(first['lsn'] or 0)}): {reason}"
+    )
 
 
 def _slot_or_none(conninfo: str, slot: str) -> SlotInfo | None:

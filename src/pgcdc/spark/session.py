@@ -4,6 +4,7 @@ UTC session time zone, and the ``pgoutput`` source registered."""
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import shutil
@@ -77,6 +78,10 @@ def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if "PGCDC_SPARK_LOG_LEVEL" not in os.environ:
+        # py4j logs the traceback of an exception raised in a foreachBatch function; the
+        # pipeline reports it in one line (`error_line`).
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
     register(spark)
     return spark
 

@@ -1,0 +1,73 @@
+"""Tables set aside after a change their targets could not take (``on_error = "quarantine"``).
+
+A quarantined table's changes keep going to a change log in the pipeline's state (the same
+pending log a table waiting for its copy has), so the slot moves on and nothing is lost; its
+targets stay as they were. ``pgcdc recopy`` asks for a new copy of the table: the targets are
+removed, the next run copies the table while the others stream, then applies the logged
+changes after the copy's point and lifts the quarantine.
+
+The records live in ``<state>/quarantine.json``: per table its status (``quarantined`` or
+``recopy``), the error line and the commit LSN of the batch that failed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from pgcdc.errors import PgcdcError
+
+__all__ = ["Quarantine", "QuarantineRecord"]
+
+Status = Literal["quarantined", "recopy"]
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineRecord:
+    status: Status
+    reason: str
+    #: The first commit LSN of the batch the table could not take ("X/Y").
+    since: str
+
+
+class Quarantine:
+    """The quarantine records of one pipeline (`path`: its quarantine.json)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def records(self) -> dict[str, QuarantineRecord]:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+            return {table: QuarantineRecord(**record) for table, record in data.items()}
+        except (OSError, ValueError, TypeError) as exc:
+            raise PgcdcError(f"{self.path}: unreadable quarantine records ({exc})") from None
+
+    def _save(self, records: dict[str, QuarantineRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({t: asdict(r) for t, r in records.items()}, indent=1))
+        tmp.replace(self.path)
+
+    def add(self, table: str, reason: str, since: str) -> None:
+        records = self.records()
+        records[table] = QuarantineRecord("quarantined", reason, since)
+        self._save(records)
+
+    def request_recopy(self, table: str) -> QuarantineRecord | None:
+        """Mark `table` for a new copy; its previous record (None: it was not quarantined)."""
+        records = self.records()
+        previous = records.get(table)
+        reason, since = (previous.reason, previous.since) if previous else ("recopy asked", "")
+        records[table] = QuarantineRecord("recopy", reason, since)
+        self._save(records)
+        return previous
+
+    def lift(self, table: str) -> None:
+        records = self.records()
+        if records.pop(table, None) is not None:
+            self._save(records)

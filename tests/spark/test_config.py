@@ -1,0 +1,86 @@
+"""`pgcdc run`'s configuration: table entries, the error policy, sizes, and one clear line for
+each bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.spark.config import ConfigError, load_config, parse_config, parse_size
+
+BASE: dict[str, Any] = {
+    "source": {"conninfo": "dbname=x", "publication": "p", "slot": "s"},
+    "target": {"path": "lake"},
+    "tables": {"t": "mirror"},
+}
+
+
+def config(**sections: Any) -> Any:
+    return parse_config({**BASE, **sections})
+
+
+def test_table_entries_and_the_error_policy() -> None:
+    parsed = config(
+        target={"path": "lake", "on_error": "quarantine"},
+        tables={
+            "a": "mirror",
+            "public.b": ["mirror", "history"],
+            "s.c": {"modes": ["history"], "on_error": "stop"},
+            "d": {"modes": "changelog"},
+        },
+    )
+    assert parsed.tables == {
+        "public.a": ("mirror",),
+        "public.b": ("mirror", "history"),
+        "s.c": ("history",),
+        "public.d": ("changelog",),
+    }
+    assert parsed.on_error == {
+        "public.a": "quarantine",
+        "public.b": "quarantine",
+        "s.c": "stop",
+        "public.d": "quarantine",
+    }
+    assert config().on_error == {"public.t": "stop"}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1, 1), ("512", 512), ("64kB", 65536), ("1.5 GB", 1610612736), ("2MB", 2097152)],
+)
+def test_sizes(value: Any, expected: int) -> None:
+    assert parse_size(value, "x") == expected
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"tables": {"t": 5}}, "tables.'t': modes must be among"),
+        ({"tables": {"t": ["x"]}}, "tables.'t': modes must be among"),
+        ({"tables": {"t": {"modes": []}}}, "tables.'t': modes must be among"),
+        ({"tables": {"t": {"mode": "mirror"}}}, "tables.'t': unknown key 'mode'"),
+        (
+            {"tables": {"t": {"modes": "mirror", "on_error": "skip"}}},
+            "tables.'t'.on_error must be one of stop, quarantine",
+        ),
+        ({"target": {"path": "l", "on_error": 1}}, "target.on_error must be one of"),
+        (
+            {"source": {**BASE["source"], "max_retained_wal": "lots"}},
+            "source.max_retained_wal must be a size",
+        ),
+        ({"source": {**BASE["source"], "max_retained_wal": -1}}, "source.max_retained_wal must"),
+    ],
+)
+def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        config(**sections)
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+
+
+def test_the_example_configuration_parses() -> None:
+    example = load_config(Path(__file__).parents[2] / "examples" / "pipeline.toml")
+    assert example.max_retained_wal == 1024**3
+    assert set(example.on_error.values()) == {"stop"}
+    assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None

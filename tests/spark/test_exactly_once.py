@@ -195,3 +195,39 @@ def test_the_pipeline_warns_when_the_slot_retains_too_much_wal(
     assert "(max_retained_wal 64.0 kB)" in warning
     config["source"]["max_retained_wal"] = "1GB"
     assert Pipeline(parse_config(config), spark).watch_wal(every=0) is None
+
+
+def test_partitions_published_on_their_own_feed_the_parent(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """Without publish_via_partition_root each partition's changes come under its own OID:
+    they go to the parent's targets, also for a partition attached later; a TRUNCATE of the
+    whole table applies, a TRUNCATE of one partition stops the pipeline with a line naming it
+    (the targets do not know which rows were that partition's)."""
+    from pgcdc.spark.pipeline import PipelineFailed
+
+    pg.execute(
+        "CREATE TABLE m (id int, day date, v text, PRIMARY KEY (id, day)) PARTITION BY RANGE (day);"
+        "CREATE TABLE m_1 PARTITION OF m FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');"
+        "CREATE TABLE m_2 PARTITION OF m FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');"
+    )
+    slot, publication = _slot_and_publication(pg, "m")
+    config = pipeline_config(pg, slot, publication, tmp_path / "lake", {"public.m": "mirror"})
+    pg.execute(
+        "INSERT INTO m SELECT g, DATE '2025-06-01' + g * 2, 'v' FROM generate_series(1, 200) g"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    pg.execute(
+        "CREATE TABLE m_3 (LIKE m INCLUDING ALL);"
+        "ALTER TABLE m ATTACH PARTITION m_3 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');"
+        "INSERT INTO m VALUES (1000, '2027-05-01', 'attached'); UPDATE m SET v = 'u' WHERE id < 5"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    pg.execute("TRUNCATE m; INSERT INTO m VALUES (1, '2025-02-02', 'after')")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    pg.execute("INSERT INTO m VALUES (2, '2026-02-02', 'b'); TRUNCATE m_1")
+    with pytest.raises(PipelineFailed, match=r"public\.m: cannot apply .*TRUNCATE of some of its"):
+        run_pipeline(spark, config)

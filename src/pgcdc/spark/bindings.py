@@ -29,7 +29,7 @@ from typing import Any
 from pgcdc.errors import PgcdcError, PublicationNotFound
 from pgcdc.replication.slots import connect_sql
 
-__all__ = ["BindingError", "TableBindings", "bind_tables"]
+__all__ = ["BindingError", "TableBindings", "bind_partition", "bind_tables", "partial_truncates"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ class TableBindings:
     routes: dict[int, str] = field(default_factory=dict)
     #: configured name -> the table's current "schema.name" in the source.
     current_names: dict[str, str] = field(default_factory=dict)
+    #: configured name -> the OIDs of its leaf partitions (a partitioned table's only).
+    leaves: dict[str, set[int]] = field(default_factory=dict)
 
     def table_of(self, relation_oid: int) -> str | None:
         return self.routes.get(relation_oid)
@@ -140,6 +142,8 @@ def bind_tables(
                 )
             bindings.oids[table] = oid
             bindings.current_names[table] = current
+            if partitions:
+                bindings.leaves[table] = set(leaves)
             for member in (oid, *partitions):
                 bindings.routes[member] = table
     if bindings.oids != recorded:
@@ -156,4 +160,16 @@ def bind_partition(conninfo: str, bindings: TableBindings, relation_oid: int) ->
     table = None if root is None else bindings.table_of(root)
     if table is not None:
         bindings.routes[relation_oid] = table
+        bindings.leaves.setdefault(table, set()).add(relation_oid)
     return table
+
+
+def partial_truncates(bindings: TableBindings, table: str, truncated: Iterable[int]) -> set[int]:
+    """Of the relations one transaction truncated, the partitions of `table` whose truncation
+    leaves other partitions' rows in place (empty when it emptied the whole table)."""
+    own = bindings.oids.get(table)
+    oids = set(truncated)
+    if own in oids:
+        return set()
+    leaves = bindings.leaves.get(table, set())
+    return set() if leaves <= oids else oids & leaves

@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import ApplyError, PgcdcError, SlotNotFound
+from pgcdc.errors import ApplyError, PgcdcError, SlotNotFound, TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import SlotInfo, connect_sql, get_slot
-from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
+from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables, partial_truncates
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
 from pgcdc.spark.quarantine import Quarantine
@@ -159,6 +159,7 @@ class Pipeline:
                     applied[f"{table} pending copy"] = rows.num_rows
                     continue
                 try:
+                    self._check_truncates(table, rows)
                     for spec, target in targets:
                         result = target.apply(rows)
                         applied[f"{table} {spec.mode}"] = result.applied
@@ -205,6 +206,29 @@ class Pipeline:
             line,
             table,
         )
+
+    def _check_truncates(self, table: str, rows: pa.Table) -> None:
+        """A TRUNCATE of some partitions only (a publication without
+        publish_via_partition_root sends each partition's own) cannot be applied to the
+        parent's targets: they do not know which rows were that partition's."""
+        truncates = rows.filter(pc.equal(rows.column("op"), "truncate"))
+        if not truncates.num_rows or table not in self.bind().leaves:
+            return
+        by_commit: dict[int, set[int]] = {}
+        for lsn, oid in zip(
+            truncates.column("commit_lsn").to_pylist(),
+            truncates.column("relation_oid").to_pylist(),
+            strict=True,
+        ):
+            by_commit.setdefault(lsn, set()).add(oid)
+        for lsn, oids in by_commit.items():
+            partial = partial_truncates(self.bind(), table, oids)
+            if partial:
+                raise TargetError(
+                    f"{table}: TRUNCATE of some of its partitions only (OIDs "
+                    f"{', '.join(map(str, sorted(partial)))}) at commit LSN {Lsn(lsn)} cannot "
+                    "be applied to the parent's targets; recopy the table"
+                )
 
     def _route(self, batch: pa.Table) -> dict[str, pa.Table]:
         """The batch's rows per configured table, by relation OID (a renamed table keeps its

@@ -107,6 +107,6 @@ def test_run_reports_a_missing_slot_in_one_line(pg: Database, tmp_path: Path) ->
     errors = [line for line in result.stderr.splitlines() if line.startswith("pgcdc: error:")]
     assert errors == [
         "pgcdc: error: replication slot 'missing_slot' does not exist (create it with "
-        "`pgcdc slot create`, or set the option createSlot=true)"
+        "`pgcdc slot create`, or set create_slot = true in [source])"
     ], result.stderr
     assert "Traceback" not in result.stderr

@@ -316,6 +316,14 @@ class Pipeline:
             source_names=self.bind().current_names,
         )
 
+    def _check_slot(self) -> None:
+        config = self.config
+        if not config.create_slot and _slot_or_none(config.conninfo, config.slot) is None:
+            raise SlotNotFound(
+                f"replication slot '{config.slot}' does not exist (create it with "
+                "`pgcdc slot create`, or set create_slot = true in [source])"
+            )
+
     def initial_copy(self) -> None:
         """Copy the tables first when the slot is new (the pipeline creates it with an
         exported snapshot) or a previous copy did not finish (it starts again: see
@@ -400,6 +408,7 @@ class Pipeline:
         """Run until caught up (available-now), `stop()` or an error, after an initial copy
         if one is due; `tick` is called about twice a second (for a progress view)."""
         if self.query is None:
+            self._check_slot()
             self.bind()
             self.initial_copy()
         query = self.query or self.start()

@@ -12,6 +12,7 @@ __all__ = [
     "ColumnCountMismatch",
     "ConnectionFailed",
     "ConnectionLost",
+    "InvalidConninfo",
     "InvalidMessage",
     "PermissionDenied",
     "PgcdcError",
@@ -148,6 +149,10 @@ class UnsupportedOption(ReplicationError):
 
 class ConnectionFailed(ReplicationError):
     """Could not connect or authenticate (wrong password, no REPLICATION privilege, host down)."""
+
+
+class InvalidConninfo(ConnectionFailed):
+    """The connection string or URI itself is malformed (no server was asked)."""
 
 
 class ConnectionLost(ReplicationError):

@@ -202,3 +202,42 @@ def test_server_unreachable_sql(closed_port: int) -> None:
     with pytest.raises(ConnectionFailed, match="refused"):
         slots.list_slots(dsn)
     assert_one_error_line(run_cli("slot", "list", "-d", dsn), str(closed_port), "refused")
+
+
+MALFORMED = {
+    "user": 'missing "=" after "user"',
+    "hostx=db password=secret": 'invalid connection option "hostx"',
+    "postgresql://localhost/app?foo=bar": 'invalid URI query parameter: "foo"',
+}
+COMMANDS = [
+    ("slot", "list"),
+    ("slot", "create", "s"),
+    ("slot", "drop", "s"),
+    ("publication", "create", "p", "-t", "t"),
+    ("publication", "describe", "p"),
+    ("tail", "-S", "s", "--publication", "p", "--until-idle"),
+    ("record", "-S", "s", "--publication", "p", "--until-idle", "-f", "{tmp}/c.pgcap"),
+]
+
+
+@pytest.mark.parametrize("conninfo", list(MALFORMED))
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_malformed_connection_strings_are_one_line(
+    conninfo: str, command: tuple[str, ...], tmp_path: object
+) -> None:
+    """No server is asked: libpq cannot parse the string. One line, no password in it."""
+    args = [a.format(tmp=tmp_path) for a in command]
+    line = assert_one_error_line(run_cli(*args, "-d", conninfo), MALFORMED[conninfo])
+    assert line.startswith("pgcdc: error: invalid connection string: ")
+    assert "secret" not in line
+
+
+def test_malformed_connection_string_in_a_pipeline(tmp_path: object) -> None:
+    from pathlib import Path
+
+    config = Path(str(tmp_path)) / "p.toml"
+    config.write_text(
+        '[source]\nconninfo = "hostx=db"\npublication = "p"\nslot = "s"\n'
+        '[target]\npath = "lake"\n[tables]\n"public.t" = "mirror"\n'
+    )
+    assert_one_error_line(run_cli("run", str(config)), 'invalid connection option "hostx"')

@@ -66,6 +66,8 @@ def test_sizes(value: Any, expected: int) -> None:
             "tables.'t'.on_error must be one of stop, quarantine",
         ),
         ({"target": {"path": "l", "on_error": 1}}, "target.on_error must be one of"),
+        ({"name": ["x"]}, "name must be a word"),
+        ({"name": "../x"}, "name must be a word"),
         (
             {"source": {**BASE["source"], "max_retained_wal": "lots"}},
             "source.max_retained_wal must be a size",
@@ -84,3 +86,10 @@ def test_the_example_configuration_parses() -> None:
     assert example.max_retained_wal == 1024**3
     assert set(example.on_error.values()) == {"stop"}
     assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None
+
+
+def test_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"p\.toml: not UTF-8 text \(byte 11\)"):
+        load_config(path)

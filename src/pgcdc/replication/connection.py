@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import select
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcdc.errors import (
     ConnectionFailed,
     ConnectionLost,
+    InvalidConninfo,
     PermissionDenied,
     PublicationNotFound,
     ReplicationError,
@@ -37,6 +40,7 @@ __all__ = [
     "ReplicationConnection",
     "SystemIdentity",
     "connection_error",
+    "parse_conninfo",
     "describe_error",
     "error_class",
     "error_from_result",
@@ -117,10 +121,19 @@ def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> Re
     return error_class(sqlstate, primary)(text, sqlstate=sqlstate or None, lsn=lsn)
 
 
+def parse_conninfo(conninfo: str) -> dict[str, Any]:
+    """A libpq connection string or URI as its parameters; `InvalidConninfo` (one line, no
+    password in it) when libpq cannot parse it."""
+    try:
+        return conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidConninfo(f"invalid connection string: {_one_line(str(exc))}") from None
+
+
 def connection_error(message: str, conninfo: str) -> ConnectionFailed | PermissionDenied:
     """The error for a failed connection attempt, in one line, naming the address."""
     message = _one_line(message)
-    params = conninfo_to_dict(conninfo)
+    params = parse_conninfo(conninfo)
     where = f"{params.get('host', 'local socket')}:{params.get('port', '5432')}"
     lowered = message.lower()
     if "replication" in lowered and ("permission" in lowered or "must be" in lowered):
@@ -142,7 +155,7 @@ class ReplicationConnection:
         cls, conninfo: str = "", *, application_name: str = "pgcdc"
     ) -> ReplicationConnection:
         """Connect with ``replication=database`` (conninfo: libpq string or URI; PG* env apply)."""
-        params = conninfo_to_dict(conninfo)
+        params = parse_conninfo(conninfo)
         params.setdefault("application_name", application_name)
         params["replication"] = "database"
         full = make_conninfo("", **params)

@@ -14,13 +14,19 @@ import psycopg
 
 from pgcdc.errors import SlotNotFound
 from pgcdc.protocol import Lsn
-from pgcdc.replication.connection import CreatedSlot, ReplicationConnection, connection_error
+from pgcdc.replication.connection import (
+    CreatedSlot,
+    ReplicationConnection,
+    connection_error,
+    parse_conninfo,
+)
 
 __all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "get_slot", "list_slots"]
 
 
 def connect_sql(conninfo: str) -> psycopg.Connection:
     """An ordinary autocommit connection, with the same error style as the walsender's."""
+    parse_conninfo(conninfo)  # a malformed string: one line, before psycopg's traceback
     try:
         return psycopg.connect(conninfo, autocommit=True, application_name="pgcdc")
     except psycopg.OperationalError as exc:

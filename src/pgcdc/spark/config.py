@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgcdc.errors import PgcdcError
+from pgcdc.errors import InvalidConninfo, PgcdcError
+from pgcdc.replication.connection import parse_conninfo
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
@@ -183,6 +184,23 @@ def _positive(value: Any, where: str) -> int:
     return value
 
 
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value or not value.replace("-", "_").isidentifier():
+        raise ConfigError(
+            f"name must be a word of letters, digits, _ and - (got {value!r}); it names the "
+            "pipeline's state directory and the targets' application id"
+        )
+    return value
+
+
+def _conninfo(value: str) -> str:
+    try:
+        parse_conninfo(value)
+    except InvalidConninfo as exc:
+        raise ConfigError(f"source.conninfo: {exc}") from None
+    return value
+
+
 def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     source = _section(data, "source")
     target = _section(data, "target")
@@ -204,8 +222,8 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     if max_changes is not None:
         max_changes = _positive(max_changes, "trigger.max_changes_per_batch")
     return PipelineConfig(
-        name=data.get("name", "pipeline"),
-        conninfo=_required(source, "conninfo", "source"),
+        name=_name(data.get("name", "pipeline")),
+        conninfo=_conninfo(_required(source, "conninfo", "source")),
         publication=_required(source, "publication", "source"),
         slot=_required(source, "slot", "source"),
         target_path=str(target_path),
@@ -231,9 +249,11 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
 def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return parse_config(data, path.parent)

@@ -414,7 +414,11 @@ def test_filter_prepare_defers_to_commit_prepared_and_holds_the_position() -> No
     acks = feed(a, *prepared("g_nodecode", 10, 100))
     assert acks[-1] is None
     later = feed(a, Begin(L(200), 0, 11), ins(200), Commit(L(200), L(210), 0))
-    assert later[-1] == L(60)  # not past the held prepare
+    assert later[-1] == L(210)
+    a.acks.on_message(Begin(L(200), 0, 11), L(0))  # the stream's part: positions received
+    a.acks.on_message(Commit(L(200), L(210), 0), L(210))
+    a.acks.confirm(L(210))
+    assert a.acks.flush_lsn == L(60)  # not past the held prepare
     final = feed(a, CommitPrepared(L(300), L(310), 0, 10, "g_nodecode"))
     assert final == [L(310)]
     assert plugin.log[-3:] == [("begin", 10), ("change", 10, "100"), ("commit", 10, 300)]
@@ -427,7 +431,7 @@ def test_rollback_prepared_of_a_held_transaction_drops_it() -> None:
     acks = feed(a, RollbackPrepared(L(105), L(130), 0, 0, 10, "g"))
     assert plugin.log == []
     assert acks == [L(130)]
-    assert a.confirmable_lsn == L(130)
+    assert a.acks.holds == {} and a.acks.handled == L(130)
 
 
 def test_commit_prepared_for_an_unknown_gid() -> None:
@@ -490,9 +494,13 @@ def test_after_reset_finished_transactions_are_not_delivered_again() -> None:
     first = [REL, Begin(L(50), 0, 9), ins(50), Commit(L(50), L(60), 0)]
     first += [*prepared("g", 10, 100), Begin(L(200), 0, 11), ins(200), Commit(L(200), L(210), 0)]
     feed(a, *first)
-    assert a.confirmable_lsn == L(60)
+    assert a.acks.holds == {"g": L(60)}
+    a.acks.handled_upto(L(210))
+    a.acks.session_started()  # what the replication client does on a new session
     a.reset()
-    again = feed(a, *first[4:], CommitPrepared(L(300), L(310), 0, 10, "g"))
+    resent = [*first[4:], CommitPrepared(L(300), L(310), 0, 10, "g")]
+    # the client passes on what was not delivered before (the held prepare comes again)
+    again = feed(a, *[m for _, m in a.acks.skip_delivered((None, m) for m in resent)])
     assert plugin.log == [
         ("begin", 9),
         ("change", 9, "50"),

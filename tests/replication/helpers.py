@@ -42,7 +42,7 @@ from pgcdc.protocol import (
     Update,
 )
 from pgcdc.replication import ReplicationClient, StreamOptions
-from pgcdc.replication.feedback import end_lsn_of
+from pgcdc.replication.acknowledgement import end_lsn_of
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable

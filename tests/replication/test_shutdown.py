@@ -19,7 +19,7 @@ from pgcdc.embedded import Database, EmbeddedServer
 from pgcdc.errors import ConnectionLost
 from pgcdc.protocol import Lsn
 from pgcdc.replication import ReplicationClient, ReplicationConnection, StreamOptions
-from pgcdc.replication.feedback import end_lsn_of
+from pgcdc.replication.acknowledgement import end_lsn_of
 
 from .helpers import PGCDC, Proc, wait_active, wait_for
 

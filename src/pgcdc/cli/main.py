@@ -25,9 +25,9 @@ from pgcdc.decoding import OutputWrite, PluginRunner
 from pgcdc.errors import PgcdcError, PluginError, SlotExists
 from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
 from pgcdc.replication import publications, slots
+from pgcdc.replication.acknowledgement import end_lsn_of
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.connection import ReplicationConnection
-from pgcdc.replication.feedback import end_lsn_of
 from pgcdc.replication.options import OriginFilter, StreamOptions
 from pgcdc.replication.record import record as record_capture
 
@@ -201,15 +201,16 @@ class StatusLine:
     def update(self, client: ReplicationClient) -> None:
         self.count += 1
         now = time.monotonic()
-        if not self.enabled or now - self.shown < 0.5 or client.stream is None:
+        if not self.enabled or now - self.shown < 0.5:
             return
         self.shown = now
-        tracker = client.stream.tracker
+        acks = client.acks
         rate = self.count / max(now - self.started, 1e-9)
-        lag = tracker.keepalive_wal_end - tracker.confirmed if tracker.keepalive_wal_end else 0
+        flush = acks.flush_lsn
+        lag = acks.keepalive_wal_end - flush if acks.keepalive_wal_end else 0
         sys.stderr.write(
-            f"\r{self.count:>10} messages {rate:>9.0f}/s  received {tracker.received}  "
-            f"confirmed {tracker.flush_lsn}  lag {max(lag, 0)} bytes\x1b[K"
+            f"\r{self.count:>10} messages {rate:>9.0f}/s  received {acks.received}  "
+            f"confirmed {flush}  lag {max(lag, 0)} bytes\x1b[K"
         )
         sys.stderr.flush()
 

@@ -1,7 +1,9 @@
 """Turns the pgoutput message stream into output plugin callbacks (sans-I/O but for spill files).
 
-Feed it every decoded message with its XLogData position; it calls the plugin and answers, after
-the callback that finished a transaction has returned, the LSN that is now safe to confirm.
+Feed it every decoded message with its XLogData position; it calls the plugin and answers,
+after the callback that finished a transaction has returned, that transaction's end LSN. What
+may then be confirmed is the `Acknowledgement` state machine's to say (the assembler holds
+prepared transactions there).
 
 What it does beyond a one-to-one mapping:
 - delays begin (and stream_start) until the Origin that may follow is known, so that
@@ -13,14 +15,17 @@ What it does beyond a one-to-one mapping:
   subtransaction's Stream Abort;
 - for prepared transactions the plugin does not take at PREPARE (no two-phase callbacks, or
   filter_prepare said so), buffers them by gid and delivers them at COMMIT PREPARED, dropping
-  them at ROLLBACK PREPARED; until then no position at or past their prepare is confirmed, so
-  after a restart the server sends them again;
+  them at ROLLBACK PREPARED; until then they are held (`Acknowledgement.hold`): no position
+  past their prepare is confirmed, so after a restart the server sends them again;
 - COMMIT/ROLLBACK PREPARED for a gid it never saw go to the two-phase callbacks (the prepare
-  predates two-phase on the slot, or was empty), or are only acknowledged without them.
+  predates two-phase on the slot, or was empty), or are only acknowledged without them;
+- after a reconnect, a streamed transaction the plugin already had is dropped at its Stream
+  Commit (the client skips ordinary ones before they reach the assembler).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 
@@ -52,13 +57,28 @@ from pgcdc.protocol import (
     Type,
     Update,
 )
+from pgcdc.replication.acknowledgement import Acknowledgement
 
-__all__ = ["TransactionAssembler"]
+__all__ = ["Fate", "TransactionAssembler"]
 
 log = logging.getLogger("pgcdc.decoding")
 
 # Entries of a buffered transaction.
 _CHANGE, _TRUNCATE, _MESSAGE = "change", "truncate", "message"
+
+
+class Fate(enum.Enum):
+    """What happens to an open transaction's changes."""
+
+    #: Not decided yet: the Origin that may follow Begin is not known before the first change.
+    PENDING = "pending"
+    #: Passed to the plugin as they come.
+    DELIVER = "deliver"
+    #: Dropped (filtered by origin).
+    SKIP = "skip"
+    #: Kept until COMMIT/ROLLBACK PREPARED (a prepared transaction the plugin does not take
+    #: at PREPARE).
+    HOLD = "hold"
 
 
 @dataclass(slots=True)
@@ -67,8 +87,7 @@ class _Open:
 
     txn: Transaction
     prepared: bool
-    #: "pending" until the first message after the Origin; then "deliver", "skip" or "hold".
-    mode: str = "pending"
+    fate: Fate = Fate.PENDING
     held: SpillBuffer | None = None
 
 
@@ -94,8 +113,6 @@ class _Held:
 
     txn: Transaction
     buffer: SpillBuffer | None
-    #: The confirmable position when it was received; nothing past it is confirmed meanwhile.
-    floor: Lsn
 
 
 @dataclass(slots=True)
@@ -116,11 +133,14 @@ class TransactionAssembler:
         *,
         pool: SpillPool | None = None,
         only_local: bool = False,
+        acks: Acknowledgement | None = None,
     ) -> None:
         self.plugin = plugin
         self.ctx = ctx
         self.caps: PluginCapabilities = capabilities(type(plugin))
         self.pool = pool or SpillPool()
+        #: The consumer's acknowledgement state (the replication client's, when there is one).
+        self.acks = acks if acks is not None else Acknowledgement()
         #: Skip transactions that carry an Origin (only-local, when the server does not).
         self.only_local = only_local
         self.relations: dict[int, Relation] = {}
@@ -130,31 +150,15 @@ class TransactionAssembler:
         self._streams: dict[int, _Stream] = {}
         self._in_block: _Stream | None = None
         self._held: dict[str, _Held] = {}
-        self._confirmable = Lsn(0)
-        self._delivered_upto = Lsn(0)
 
-    # -- positions -------------------------------------------------------------------------
-
-    @property
-    def confirmable_lsn(self) -> Lsn:
-        """The highest position whose transactions the plugin has fully handled."""
-        if self._held:
-            return min(self._confirmable, *(held.floor for held in self._held.values()))
-        return self._confirmable
-
-    def _done(self, end_lsn: Lsn | None) -> Lsn | None:
-        if end_lsn is not None and end_lsn > self._confirmable:
-            self._confirmable = Lsn(end_lsn)
-        return self.confirmable_lsn if end_lsn is not None else None
+    def _done(self, end_lsn: Lsn) -> Lsn:
+        """The plugin is through with the transaction ending at `end_lsn`."""
+        self.acks.handled_upto(end_lsn)
+        return end_lsn
 
     def reset(self) -> None:
-        """A new session starts: the server resends whatever was in flight.
-
-        Transactions the plugin already finished may come again too (the slot was confirmed
-        only up to a held prepared transaction, or the last status update was lost); they are
-        recognised by their commit position and not delivered twice.
-        """
-        self._delivered_upto = self._confirmable
+        """A new session starts: the server resends whatever was in flight (and possibly
+        transactions the plugin already finished: `Acknowledgement.already_delivered`)."""
         self._drop_open()
         for stream in self._streams.values():
             if stream.buffer is not None:
@@ -166,7 +170,8 @@ class TransactionAssembler:
 
     def close(self) -> None:
         self.reset()
-        for held in self._held.values():
+        for gid, held in self._held.items():
+            self.acks.release(gid)
             if held.buffer is not None:
                 held.buffer.close()
         self._held.clear()
@@ -204,8 +209,6 @@ class TransactionAssembler:
     def _begin(self, message: Begin, lsn: Lsn | None) -> None:
         txn = Transaction(message.xid, final_lsn=message.final_lsn, commit_ts=message.commit_ts)
         self._open = _Open(txn, prepared=False)
-        if message.final_lsn < self._delivered_upto:
-            self._open.mode = "skip"  # delivered in an earlier session
 
     def _begin_prepare(self, message: BeginPrepare, lsn: Lsn | None) -> None:
         txn = Transaction(
@@ -217,8 +220,6 @@ class TransactionAssembler:
             prepare_ts=message.prepare_ts,
         )
         self._open = _Open(txn, prepared=True)
-        if message.prepare_lsn < self._delivered_upto and message.gid not in self._held:
-            self._open.mode = "skip"  # delivered in an earlier session
 
     def _origin(self, message: Origin, lsn: Lsn | None) -> None:
         target = self._in_block.txn if self._in_block is not None else None
@@ -245,18 +246,18 @@ class TransactionAssembler:
                 "a change or end of transaction outside a transaction (no Begin before it)",
                 lsn=self.ctx.write_location,
             )
-        if opened.mode != "pending":
+        if opened.fate is not Fate.PENDING:
             return opened
         txn = opened.txn
         self.ctx.write_xid = txn.xid
         if self._skips_origin(txn):
-            opened.mode = "skip"
+            opened.fate = Fate.SKIP
             self.stats.skipped_by_origin += 1
         elif opened.prepared and not self._takes_prepare(txn):
-            opened.mode = "hold"
+            opened.fate = Fate.HOLD
             opened.held = self.pool.buffer(f"gid-{txn.xid}")
         else:
-            opened.mode = "deliver"
+            opened.fate = Fate.DELIVER
             if opened.prepared:
                 self.plugin.begin_prepare(self.ctx, txn)
             else:
@@ -281,7 +282,7 @@ class TransactionAssembler:
             message.end_lsn,
             message.commit_ts,
         )
-        if opened.mode == "deliver":
+        if opened.fate is Fate.DELIVER:
             self.ctx.write_location = message.commit_lsn
             self.plugin.commit(self.ctx, txn, message.commit_lsn)
             self.stats.transactions += 1
@@ -291,11 +292,11 @@ class TransactionAssembler:
         opened = self._started()
         self._open = None
         txn = opened.txn
-        if opened.mode == "deliver":
+        if opened.fate is Fate.DELIVER:
             self.ctx.write_location = message.prepare_lsn
             self.plugin.prepare(self.ctx, txn, message.prepare_lsn)
             return self._done(message.end_lsn)
-        if opened.mode == "hold":
+        if opened.fate is Fate.HOLD:
             assert opened.held is not None and txn.gid is not None
             self._hold(txn, opened.held)
             return None
@@ -306,13 +307,13 @@ class TransactionAssembler:
         previous = self._held.pop(txn.gid, None)
         if previous is not None and previous.buffer is not None:
             previous.buffer.close()
-        # Confirming up to the prepare record itself still makes the server send it again.
         assert txn.prepare_lsn is not None
-        floor = min(self.confirmable_lsn, txn.prepare_lsn)
-        self._held[txn.gid] = _Held(txn, buffer, floor)
+        self.acks.hold(txn.gid, txn.prepare_lsn)
+        self._held[txn.gid] = _Held(txn, buffer)
 
     def _commit_prepared(self, message: CommitPrepared, lsn: Lsn | None) -> Lsn | None:
         held = self._held.pop(message.gid, None)
+        self.acks.release(message.gid)
         txn = held.txn if held is not None else Transaction(message.xid, gid=message.gid)
         txn.final_lsn, txn.end_lsn, txn.commit_ts = (
             message.commit_lsn,
@@ -345,6 +346,7 @@ class TransactionAssembler:
 
     def _rollback_prepared(self, message: RollbackPrepared, lsn: Lsn | None) -> Lsn | None:
         held = self._held.pop(message.gid, None)
+        self.acks.release(message.gid)
         if held is not None and held.buffer is None:
             self.ctx.write_xid = held.txn.xid
             self.plugin.stream_abort(self.ctx, held.txn, None)
@@ -428,9 +430,9 @@ class TransactionAssembler:
             self._deliver(stream.txn, kind, entry, streamed=True)
             return
         opened = self._started()
-        if opened.mode == "deliver":
+        if opened.fate is Fate.DELIVER:
             self._deliver(opened.txn, kind, entry, streamed=False)
-        elif opened.mode == "hold":
+        elif opened.fate is Fate.HOLD:
             assert opened.held is not None
             opened.held.append(size, None, (kind, entry))
 
@@ -525,7 +527,7 @@ class TransactionAssembler:
             message.commit_ts,
         )
         self.ctx.write_xid = txn.xid
-        if stream is None or stream.skip or message.commit_lsn < self._delivered_upto:
+        if stream is None or stream.skip or self.acks.already_delivered(message):
             if stream is not None and stream.buffer is not None:
                 stream.buffer.close()
             return self._done(message.end_lsn)

@@ -4,7 +4,8 @@ The plugin's startup decides what pgoutput is asked for (streaming and two-phase
 plugin has those callbacks and keeps them enabled; messages when it has a message callback;
 ``origin 'none'`` on 16+ when it wants only local changes). A position is confirmed to the
 server only after the callback that finished its transaction returned and the sink made the
-output durable (`on_durable`).
+output durable (`on_durable`), or, with ``auto_confirm=False``, when the consumer says so
+(`confirm`); the client's `Acknowledgement` caps it by the prepared transactions held.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pgcdc.decoding.catalog import Catalog
 from pgcdc.decoding.context import DecodingContext, OutputWrite
 from pgcdc.decoding.plugin import OutputPlugin, OutputPluginOptions, capabilities, load_plugin
 from pgcdc.decoding.spill import DEFAULT_MEMORY_LIMIT, SpillPool
-from pgcdc.protocol import INVALID_LSN, Lsn, StreamingMode
+from pgcdc.protocol import Lsn, StreamingMode
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.options import OriginFilter, StreamOptions
 from pgcdc.replication.stream import LogicalStream
@@ -59,7 +60,6 @@ class PluginRunner:
         self.on_durable = on_durable
         self.auto_confirm = auto_confirm
         self.on_session = on_session
-        self._confirm_requested = INVALID_LSN
         self.client_options = client_options
         self.catalog = Catalog(conninfo)
         server_version = int(self.catalog.query("SHOW server_version_num")[0][0])
@@ -76,6 +76,7 @@ class PluginRunner:
         self.plugin_options = OutputPluginOptions()
         self.pool = SpillPool(memory_limit, spill_dir)
         self.client: ReplicationClient | None = None
+        self._only_local = False
         self._started = False
         self._is_init = is_init
         self.assembler: TransactionAssembler | None = None
@@ -98,12 +99,7 @@ class PluginRunner:
         local = self.plugin_options.only_local
         if local and ctx.server_version >= 160000:
             origin = OriginFilter.NONE
-        self.assembler = TransactionAssembler(
-            self.plugin,
-            ctx,
-            pool=self.pool,
-            only_local=local and ctx.server_version < 160000,
-        )
+        self._only_local = local and ctx.server_version < 160000
         return replace(
             requested,
             binary=requested.binary or self.plugin_options.binary,
@@ -118,8 +114,6 @@ class PluginRunner:
         """Stream until endpos, `stop()` or an error; shutdown always runs after startup."""
         try:
             options = self._startup()
-            assembler = self.assembler
-            assert assembler is not None
             self.client = client = ReplicationClient(
                 self.conninfo,
                 self.slot,
@@ -127,44 +121,41 @@ class PluginRunner:
                 on_session=self._session_started,
                 **self.client_options,  # type: ignore[arg-type]
             )
+            self.assembler = assembler = TransactionAssembler(
+                self.plugin,
+                self.ctx,
+                pool=self.pool,
+                only_local=self._only_local,
+                acks=client.acks,
+            )
             with client:
-                confirmed = INVALID_LSN
                 for frame, message in client:
-                    lsn = assembler.feed(message, frame.data_start)
-                    if lsn is None:
-                        continue
-                    if not self.auto_confirm:
-                        self._apply_confirm()  # one that came during a reconnect
-                    elif lsn > confirmed:
+                    end = assembler.feed(message, frame.data_start)
+                    if end is not None and self.auto_confirm and end > client.acks.durable:
                         if self.on_durable is not None:
                             self.on_durable()
-                        client.confirm(lsn)
-                        confirmed = Lsn(lsn)
+                        client.confirm(end)
             return assembler.stats
         finally:
             self.close()
 
     def _session_started(self, stream: LogicalStream) -> None:
-        assert self.assembler is not None
-        self.assembler.reset()
+        if self.assembler is not None:
+            self.assembler.reset()
         if self.on_session is not None:
             self.on_session(stream)
 
     def confirm(self, lsn: Lsn) -> None:
         """With ``auto_confirm=False``: the consumer made everything up to `lsn` (a delivered
-        transaction's end) durable. Safe to call from another thread."""
-        if lsn > self._confirm_requested:
-            self._confirm_requested = Lsn(lsn)
-        self._apply_confirm()
-
-    def _apply_confirm(self) -> None:
-        client, assembler = self.client, self.assembler
-        stream = client.stream if client is not None else None
-        if stream is None or assembler is None:
-            return  # between sessions: the next call applies it
-        lsn = min(self._confirm_requested, assembler.confirmable_lsn, stream.tracker.received)
-        if lsn > stream.tracker.confirmed:
-            stream.confirm(lsn)
+        transaction's end) durable; the slot moves at once. Safe to call from another thread,
+        also while the client reconnects."""
+        client = self.client
+        if client is None:
+            return  # nothing was received yet: the slot is where it was
+        # Durable up to `lsn` is durable up to what the server sent, if that is less.
+        client.confirm(min(Lsn(lsn), client.acks.received))
+        stream = client.stream
+        if stream is not None:
             stream.status_due = True
 
     def stop(self) -> None:

@@ -1,9 +1,10 @@
 """A replication client that survives dropped connections and server restarts.
 
 Each session is a `LogicalStream`. When one breaks, the client reconnects with exponential
-backoff and resumes from the last position it reported as flushed: the server then sends only
-transactions committing after it, and the client skips, by LSN, any transaction it already
-delivered, so the consumer sees each committed transaction once.
+backoff and resumes from the last position it reported as flushed: the server then sends
+everything after it again, and the client skips the transactions the consumer already handled
+(`Acknowledgement.already_delivered`), so the consumer sees each committed transaction once.
+One `Acknowledgement` spans all the sessions of a client.
 """
 
 from __future__ import annotations
@@ -15,16 +16,11 @@ from collections.abc import Callable, Iterator
 from pgcdc.errors import ConnectionFailed, ConnectionLost, SlotInUse
 from pgcdc.protocol import (
     INVALID_LSN,
-    Begin,
-    BeginPrepare,
-    Commit,
-    CommitPrepared,
     Lsn,
     PgoutputMessage,
-    Prepare,
-    RollbackPrepared,
     XLogData,
 )
+from pgcdc.replication.acknowledgement import Acknowledgement
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
@@ -64,7 +60,7 @@ class ReplicationClient:
         self.conninfo = conninfo
         self.slot = slot
         self.options = options
-        self.resume_lsn = Lsn(start_lsn)
+        self.acks = Acknowledgement(start=Lsn(start_lsn))
         self.endpos = endpos
         self.until_idle = until_idle
         self.status_interval = status_interval
@@ -79,9 +75,9 @@ class ReplicationClient:
         self._stop = False
 
     def confirm(self, lsn: Lsn) -> None:
-        """Everything up to `lsn` is durably handled downstream; the slot may move there."""
-        assert self.stream is not None
-        self.stream.confirm(lsn)
+        """Everything up to `lsn` is durably handled downstream; the slot may move there
+        (at the next status update, also of a session opened later)."""
+        self.acks.confirm(lsn)
 
     def stop(self) -> None:
         """End iteration after the current message, or within a second when idle.
@@ -100,12 +96,13 @@ class ReplicationClient:
                 conn,
                 self.slot,
                 self.options,
-                self.resume_lsn,
+                self.acks.flush_lsn,
                 status_interval=self.status_interval,
                 endpos=self.endpos,
                 until_idle=self.until_idle and self.sessions == 0,
                 on_frame=self.on_frame,
                 acknowledge=self.acknowledge,
+                acks=self.acks,
             )
             stream.start()
         except BaseException:
@@ -155,13 +152,14 @@ class ReplicationClient:
                 yield from self._deliver(stream)
                 return
             except ConnectionLost as exc:
-                self.resume_lsn = max(self.resume_lsn, stream.flush_lsn)
                 self.stream = None
                 stream.conn.close()
                 if not self.reconnect:
                     raise
                 lost_since = time.monotonic()
-                log.warning("replication connection lost at %s, resuming: %s", self.resume_lsn, exc)
+                log.warning(
+                    "replication connection lost at %s, resuming: %s", self.acks.flush_lsn, exc
+                )
 
     def _may_retry(self, lost_since: float) -> bool:
         return self.reconnect and (
@@ -169,32 +167,8 @@ class ReplicationClient:
         )
 
     def _deliver(self, stream: LogicalStream) -> Iterator[tuple[XLogData, PgoutputMessage]]:
-        """Stream's messages minus transactions that end at or before `resume_lsn`."""
-        resume = self.resume_lsn
-        skipping = False
-        for item in stream:
-            kind = type(item[1])
-            if skipping:
-                skipping = kind is not Commit and kind is not Prepare
-                continue
-            if kind in _BOUNDARIES and _already_delivered(item[1], resume):
-                skipping = kind is Begin or kind is BeginPrepare
-                continue
+        """The stream's messages minus what the consumer already handled."""
+        for item in self.acks.skip_delivered(stream):
             yield item
             if self._stop:
                 return
-
-
-_BOUNDARIES = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared})
-
-
-def _already_delivered(message: PgoutputMessage, resume: Lsn) -> bool:
-    """A transaction (or a prepared one's finish) that ended at or before `resume`."""
-    if isinstance(message, Begin):
-        return message.final_lsn < resume
-    if isinstance(message, BeginPrepare):
-        return message.prepare_lsn < resume
-    if isinstance(message, CommitPrepared):
-        return message.end_lsn <= resume
-    assert isinstance(message, RollbackPrepared)
-    return message.rollback_end_lsn <= resume

@@ -9,8 +9,8 @@ from pathlib import Path
 from pgcdc import __version__
 from pgcdc.capture import CaptureHeader, CaptureWriter
 from pgcdc.protocol import Lsn
+from pgcdc.replication.acknowledgement import end_lsn_of
 from pgcdc.replication.client import ReplicationClient
-from pgcdc.replication.feedback import end_lsn_of
 from pgcdc.replication.stream import LogicalStream, now_pg_timestamp
 
 __all__ = ["record"]

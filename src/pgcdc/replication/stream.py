@@ -2,7 +2,8 @@
 
 `LogicalStream` owns a `ReplicationConnection` in CopyBoth mode. It answers keepalives, sends
 standby status updates on a timer and whenever the server asks, and reports as flushed only
-what `AckTracker` allows. It decodes with the codec; it never looks inside a tuple.
+what the `Acknowledgement` state machine allows. It decodes with the codec; it never looks
+inside a tuple.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from pgcdc.protocol import (
     parse_frame,
 )
 from pgcdc.protocol.lsn import PG_EPOCH
+from pgcdc.replication.acknowledgement import Acknowledgement
 from pgcdc.replication.connection import (
     DEFAULT_SESSION_SETTINGS,
     ReplicationConnection,
     SystemIdentity,
 )
-from pgcdc.replication.feedback import AckTracker
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.quoting import literal
 
@@ -50,7 +51,8 @@ class LogicalStream:
     later of it and the slot's confirmed_flush_lsn. `endpos` stops the stream once a
     transaction ending at or after it was delivered (or an idle keepalive passed it); with
     `until_idle`, `endpos` is the server's WAL position when the stream started. With
-    `acknowledge=False` the slot is never moved.
+    `acknowledge=False` the slot is never moved. `acks` carries the acknowledgement state
+    over the sessions of one consumer (`ReplicationClient`); by default the stream has its own.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class LogicalStream:
         until_idle: bool = False,
         on_frame: Callable[[bytes], None] | None = None,
         acknowledge: bool = True,
+        acks: Acknowledgement | None = None,
     ) -> None:
         self.conn = conn
         self.slot = slot
@@ -76,14 +79,14 @@ class LogicalStream:
         self.until_idle = until_idle
         self.on_frame = on_frame
         self.acknowledge = acknowledge
-        self.tracker = AckTracker(confirmed=self.start_lsn, received=self.start_lsn)
+        self.acks = acks if acks is not None else Acknowledgement(start=self.start_lsn)
         self.decoder = Decoder(self.options.proto_version, self.options.streaming)
         self.identity: SystemIdentity | None = None
         self._last_status = 0.0
         self._stopped = False
         #: Set (from any thread) to end iteration at the next message or within a second.
         self.stop_requested = False
-        #: Ask for a keepalive after each quiet second, so `tracker.keepalive_wal_end` follows
+        #: Ask for a keepalive after each quiet second, so `acks.keepalive_wal_end` follows
         #: the server closely (a consumer waiting for a position needs that; endpos implies it).
         self.ping_when_idle = False
         #: Set (from any thread) to send a status update at the next wake-up: a consumer that
@@ -97,6 +100,7 @@ class LogicalStream:
         self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
         self._check_session()
         self.conn.start_replication(self.slot, self.start_lsn, self.options)
+        self.acks.session_started()
         self._last_status = time.monotonic()
 
     def _check_session(self) -> None:
@@ -137,18 +141,18 @@ class LogicalStream:
 
     def confirm(self, lsn: Lsn) -> None:
         """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""
-        self.tracker.confirm(lsn)
+        self.acks.confirm(lsn)
 
     @property
     def flush_lsn(self) -> Lsn:
-        return self.tracker.flush_lsn
+        return self.acks.flush_lsn
 
     def send_status(self, reply_requested: bool = False) -> None:
-        tracker = self.tracker
+        acks = self.acks
         # Flush 0 leaves the slot where it is (the server ignores a zero flush position).
-        flush = tracker.flush_lsn if self.acknowledge else INVALID_LSN
+        flush = acks.flush_lsn if self.acknowledge else INVALID_LSN
         update = StandbyStatusUpdate(
-            tracker.write_lsn, flush, flush, now_pg_timestamp(), reply_requested
+            acks.write_lsn, flush, flush, now_pg_timestamp(), reply_requested
         )
         self.conn.send_copy_data(encode_frame(update))
         self._last_status = time.monotonic()
@@ -157,12 +161,15 @@ class LogicalStream:
         return self.endpos is not None and lsn >= self.endpos
 
     def __iter__(self) -> Iterator[tuple[XLogData, PgoutputMessage]]:
-        """Decoded messages with their XLogData frames, until stopped or past endpos."""
-        tracker = self.tracker
+        """Decoded messages with their XLogData frames, until stopped or past endpos.
+
+        A transaction counts as handled by the consumer (`Acknowledgement.handled_upto`) once
+        the consumer asks for the message after its end."""
+        acks = self.acks
         decoder = self.decoder
         read = self.conn.read_copy_data
         on_frame = self.on_frame
-        if self.endpos is not None and tracker.idle and self._past_endpos(self.start_lsn):
+        if self.endpos is not None and acks.idle and self._past_endpos(self.start_lsn):
             return
         pinged = False
         while not self._stopped and not self.stop_requested:
@@ -190,24 +197,22 @@ class LogicalStream:
                     continue
                 if (
                     self.endpos is not None
-                    and tracker.idle
+                    and acks.idle
                     and frame.data_start
                     and frame.data_start > self.endpos
                 ):
                     return
-                tracker.on_message(message, frame.data_start)
+                end = acks.on_message(message, frame.data_start)
                 yield frame, message
-                if (
-                    self.endpos is not None
-                    and tracker.idle
-                    and self._past_endpos(tracker.delivered)
-                ):
-                    return
+                if end is not None:
+                    acks.handled_upto(end)
+                    if self.endpos is not None and acks.idle and self._past_endpos(end):
+                        return
             elif type(frame) is PrimaryKeepalive:
-                tracker.on_keepalive(frame.wal_end)
+                acks.on_keepalive(frame.wal_end)
                 if frame.reply_requested:
                     self.send_status()
-                if tracker.idle and self._past_endpos(frame.wal_end):
+                if acks.idle and self._past_endpos(frame.wal_end):
                     return
 
     def stop(self) -> None:

@@ -139,10 +139,9 @@ class Spooler:
         """How far the server has sent (a keepalive's walEnd when idle): every transaction
         that committed before it and is published is in the spool."""
         client = self.runner.client
-        stream = client.stream if client is not None else None
-        if stream is None or not stream.tracker.idle:
+        if client is None or client.stream is None or not client.acks.idle:
             return Lsn(0)
-        return max(stream.tracker.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
+        return max(client.acks.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
 
     def wait_for(self, lsn: Lsn, timeout: float, *, after: Lsn | None = None) -> bool:
         """Wait until the spool holds everything up to `lsn` (or, given `after`, anything

@@ -1,0 +1,164 @@
+"""The acknowledgement state machine: never confirm what the consumer has not durably handled;
+refuse a message its phase does not allow; after a reconnect, skip what was handled."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgcdc.errors import UnexpectedMessage
+from pgcdc.protocol import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    Insert,
+    Lsn,
+    Message,
+    Prepare,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    TupleData,
+)
+from pgcdc.replication import Acknowledgement, Phase
+
+ROW = TupleData(b"t", (b"1",))
+
+
+def txn(tracker: Acknowledgement, commit: int, end: int) -> None:
+    tracker.on_message(Begin(Lsn(commit), 0, 1), Lsn(commit - 50))
+    tracker.on_message(Insert(1, ROW), Lsn(commit - 40))
+    tracker.on_message(Commit(Lsn(commit), Lsn(end), 0), Lsn(end))
+
+
+def test_flush_follows_consumer_confirmations_only() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    txn(tracker, 200, 210)
+    assert tracker.write_lsn == 210
+    assert tracker.flush_lsn == 100, "delivered but not yet confirmed"
+    tracker.confirm(Lsn(210))
+    assert tracker.flush_lsn == 210
+
+
+def test_idle_keepalive_advances_only_when_everything_is_confirmed() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_keepalive(Lsn(150))
+    assert tracker.flush_lsn == 150, "nothing delivered, nothing open: WAL may be released"
+    txn(tracker, 200, 210)
+    tracker.on_keepalive(Lsn(300))
+    assert tracker.flush_lsn == 100, "transaction 210 not confirmed yet"
+    tracker.confirm(Lsn(210))
+    assert tracker.flush_lsn == 300
+
+
+def test_open_transaction_blocks_keepalive_advance() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_message(Begin(Lsn(500), 0, 1), Lsn(400))
+    tracker.on_keepalive(Lsn(450))
+    assert tracker.flush_lsn == 100
+    tracker.on_message(Commit(Lsn(500), Lsn(510), 0), Lsn(510))
+    tracker.confirm(Lsn(510))
+    assert tracker.flush_lsn == 510
+
+
+def test_open_stream_blocks_until_commit_or_toplevel_abort() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_message(StreamStart(7, True), Lsn(120))
+    tracker.on_message(Insert(1, ROW, xid=8), Lsn(130))
+    tracker.on_message(StreamStop(), Lsn(140))
+    tracker.on_keepalive(Lsn(150))
+    assert tracker.flush_lsn == 100, "streamed transaction 7 is still open"
+    tracker.on_message(StreamAbort(7, 8, Lsn(160), 0), Lsn(160))
+    assert tracker.flush_lsn == 100, "a subtransaction abort leaves it open"
+    tracker.on_message(StreamCommit(7, Lsn(170), Lsn(180), 0), Lsn(180))
+    tracker.on_keepalive(Lsn(190))
+    assert tracker.flush_lsn == 100, "stream commit delivered, not confirmed"
+    tracker.confirm(Lsn(180))
+    assert tracker.flush_lsn == 190
+
+
+def test_toplevel_stream_abort_closes_the_stream() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_message(StreamStart(7, True), Lsn(120))
+    tracker.on_message(StreamStop(), Lsn(140))
+    tracker.on_message(StreamAbort(7, 7), Lsn(0))
+    assert tracker.idle
+    tracker.on_keepalive(Lsn(200))
+    assert tracker.flush_lsn == 200
+
+
+def test_prepared_transaction_and_nontransactional_message() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_message(BeginPrepare(Lsn(200), Lsn(210), 0, 5, "g"), Lsn(150))
+    tracker.on_keepalive(Lsn(160))
+    assert tracker.flush_lsn == 100
+    tracker.on_message(Prepare(Lsn(200), Lsn(210), 0, 5, "g"), Lsn(210))
+    tracker.on_message(Message(0, Lsn(220), "p", b"x"), Lsn(220))
+    tracker.on_keepalive(Lsn(230))
+    tracker.confirm(Lsn(210))
+    assert tracker.flush_lsn == 210, "the message at 220 is not confirmed yet"
+    tracker.confirm(Lsn(220))
+    assert tracker.flush_lsn == 230
+
+
+def test_cannot_confirm_beyond_what_the_server_sent() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    with pytest.raises(ValueError, match="sent nothing beyond"):
+        tracker.confirm(Lsn(101))
+
+
+def test_zero_header_lsns_do_not_move_received() -> None:
+    tracker = Acknowledgement(start=Lsn(100))
+    tracker.on_message(Begin(Lsn(300), 0, 1), Lsn(0))
+    assert tracker.write_lsn == 100
+
+
+def test_a_message_its_phase_does_not_allow_is_refused_with_its_lsn() -> None:
+    acks = Acknowledgement(start=Lsn(100))
+    with pytest.raises(UnexpectedMessage, match="Commit cannot come between transactions"):
+        acks.on_message(Commit(Lsn(200), Lsn(210), 0), Lsn(0x1_0000_0010))
+    acks.on_message(Begin(Lsn(300), 0, 1), Lsn(250))
+    assert acks.phase is Phase.IN_TRANSACTION
+    for message in (Begin(Lsn(400), 0, 2), StreamStart(7, True), StreamStop()):
+        with pytest.raises(UnexpectedMessage, match="cannot come in a transaction"):
+            acks.on_message(message, Lsn(260))
+    acks.on_message(Commit(Lsn(300), Lsn(310), 0), Lsn(310))
+    acks.on_message(StreamStart(7, True), Lsn(320))
+    with pytest.raises(UnexpectedMessage, match="StreamCommit cannot come in a stream block"):
+        acks.on_message(StreamCommit(7, Lsn(330), Lsn(340), 0), Lsn(340))
+    with pytest.raises(UnexpectedMessage, match=r"Insert cannot come between transactions \(byte 0, LSN 1/10\)"):
+        Acknowledgement().on_message(Insert(1, ROW), Lsn(0x1_0000_0010))
+
+
+def test_a_held_prepared_transaction_caps_the_flush_until_released() -> None:
+    acks = Acknowledgement(start=Lsn(100))
+    txn(acks, 200, 210)
+    acks.on_message(BeginPrepare(Lsn(300), Lsn(310), 0, 5, "g"), Lsn(250))
+    acks.on_message(Prepare(Lsn(300), Lsn(310), 0, 5, "g"), Lsn(310))
+    acks.hold("g", Lsn(300))
+    txn(acks, 400, 410)
+    acks.confirm(Lsn(410))
+    assert acks.flush_lsn == 100, "not past what was handled when the prepare came"
+    acks.on_keepalive(Lsn(500))
+    assert acks.flush_lsn == 100, "no keepalive advance while something is held"
+    assert acks.release("g") and not acks.release("g")
+    assert acks.flush_lsn == 500
+
+
+def test_after_a_reconnect_handled_transactions_are_already_delivered() -> None:
+    acks = Acknowledgement(start=Lsn(100))
+    txn(acks, 200, 210)
+    acks.handled_upto(Lsn(210))
+    acks.on_message(BeginPrepare(Lsn(300), Lsn(310), 0, 5, "held"), Lsn(250))
+    acks.on_message(Prepare(Lsn(300), Lsn(310), 0, 5, "held"), Lsn(310))
+    acks.hold("held", Lsn(300))
+    acks.handled_upto(Lsn(310))
+    acks.on_message(Begin(Lsn(400), 0, 1), Lsn(350))  # cut off by the lost connection
+    acks.session_started()
+    assert acks.phase is Phase.BETWEEN and acks.resume == 310
+    assert acks.already_delivered(Begin(Lsn(200), 0, 1))
+    assert not acks.already_delivered(Begin(Lsn(400), 0, 1)), "interrupted: comes again"
+    assert not acks.already_delivered(BeginPrepare(Lsn(300), Lsn(310), 0, 5, "held"))
+    assert acks.already_delivered(BeginPrepare(Lsn(300), Lsn(310), 0, 6, "other"))
+    assert acks.already_delivered(StreamCommit(9, Lsn(205), Lsn(206), 0))
+    assert not acks.already_delivered(StreamCommit(9, Lsn(405), Lsn(406), 0))

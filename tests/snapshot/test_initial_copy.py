@@ -45,7 +45,7 @@ def setup(db: Database, rows: int) -> tuple[str, str]:
         f"INSERT INTO customers SELECT g, 'c' || g, g * 1.5, "
         f"CASE WHEN g % 100 = 0 THEN repeat('t', 300000) END FROM generate_series(1, {rows}) g"
     )
-    # No key: distinct rows (identical rows are one row to a mirror, a documented limit).
+    # No key (identity FULL): rows are a multiset.
     db.execute("INSERT INTO events SELECT g, 'k' FROM generate_series(1, 500) g")
     db.execute(
         "INSERT INTO measures SELECT g, DATE '2025-06-01' + g % 400, g / 7.0 "
@@ -264,3 +264,61 @@ def _ids(path: Path, wanted: int) -> bool:
 def _count(path: Path) -> int:
     target = _target(path)
     return target.to_arrow().num_rows if target.exists else -1
+
+
+def test_a_table_truncated_under_the_copy_is_copied_again(
+    spark: Any, pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRUNCATE is not MVCC-safe: a chunk read after one committed would see an empty table
+    under the copy's older snapshot, and the stream would then update or delete rows the
+    target never got. A TRUNCATE between the slot's snapshot and the copy's locks makes the
+    copy start again under a new snapshot; one during the copy waits for it."""
+    from pgcdc.replication.connection import ReplicationConnection
+
+    if pg.version < 18:
+        pytest.skip("one server is enough: the locking is the same on all")
+    slot, publication = setup(pg, 2000)
+    lake = tmp_path / "lake"
+    config = config_for(pg, slot, publication, lake)
+    pg.execute("INSERT INTO events VALUES (-1, 'twice'), (-1, 'twice')")
+    create_slot = ReplicationConnection.create_slot
+    truncated: list[str] = []
+
+    def create_then_truncate(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        created = create_slot(self, name, *args, **kwargs)
+        if not truncated:  # after the snapshot: a copy of a row goes, then every row
+            truncated.append(str(created.consistent_point))
+            one = "(SELECT ctid FROM events WHERE at = -1 LIMIT 1)"
+            pg.execute(f"DELETE FROM events WHERE ctid = {one}")
+            pg.execute("TRUNCATE events; INSERT INTO events VALUES (1, 'a'), (1, 'a'), (2, 'b')")
+        return created
+
+    monkeypatch.setattr(ReplicationConnection, "create_slot", create_then_truncate)
+    run_pipeline(spark, config)
+    state = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
+    assert truncated and state["point"] != truncated[0]  # a second snapshot
+    pg.execute("DELETE FROM events WHERE ctid = (SELECT ctid FROM events WHERE at = 1 LIMIT 1)")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+
+
+def test_the_copy_guard_refuses_a_rewritten_table_and_holds_off_truncate(pg: Database) -> None:
+    import psycopg
+
+    from pgcdc.replication.connection import ReplicationConnection
+    from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
+
+    pg.execute("CREATE TABLE g (id int); CREATE TABLE h (id int); INSERT INTO g VALUES (1)")
+    with ReplicationConnection.connect(pg.dsn) as rconn:
+        created = rconn.create_slot(unique("guard"), temporary=True, snapshot="export")
+        assert created.snapshot_name is not None
+        pg.execute("TRUNCATE g")
+        with pytest.raises(TablesRewritten, match=r"^g rewritten \(TRUNCATE"):
+            SnapshotGuard(pg.dsn, created.snapshot_name, ["public.g", "public.h"]).__enter__()
+    with ReplicationConnection.connect(pg.dsn) as rconn:
+        created = rconn.create_slot(unique("guard"), temporary=True, snapshot="export")
+        assert created.snapshot_name is not None
+        guard = SnapshotGuard(pg.dsn, created.snapshot_name, ["public.g", "public.h"])
+        with guard, pg.connect() as conn, pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute("SET lock_timeout = '200ms'")
+            conn.execute("TRUNCATE h")

@@ -231,3 +231,58 @@ def test_partitions_published_on_their_own_feed_the_parent(
     pg.execute("INSERT INTO m VALUES (2, '2026-02-02', 'b'); TRUNCATE m_1")
     with pytest.raises(PipelineFailed, match=r"public\.m: cannot apply .*TRUNCATE of some of its"):
         run_pipeline(spark, config)
+
+
+def test_added_columns_hold_their_value_in_every_older_row(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """ADD COLUMN ... DEFAULT sends no change for the rows that exist: the mirror (and the
+    history's current versions) take the catalog's missing value, or each row's own value
+    after a volatile default, also for rows of the same batch made before the ALTER (case 6)."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    slot, publication = _slot_and_publication(pg, "t")
+    lake = tmp_path / "lake"
+    config = pipeline_config(pg, slot, publication, lake, {"public.t": ["mirror", "history"]})
+    pg.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    run_pipeline(spark, config)
+    pg.execute("INSERT INTO t VALUES (51, 'same batch, before')")
+    pg.execute("ALTER TABLE t ADD COLUMN e text DEFAULT 'e', ADD COLUMN n int NOT NULL DEFAULT 7")
+    pg.execute("UPDATE t SET v = 'after' WHERE id = 2; INSERT INTO t VALUES (52, 'new', 'x', 1)")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    pg.execute("ALTER TABLE t ADD COLUMN r float8 DEFAULT random()")  # rewrites the table
+    pg.execute("ALTER TABLE t ADD COLUMN none_yet int")
+    pg.execute("UPDATE t SET v = 'later' WHERE id = 3")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    mirror = {r["id"]: r for r in _rows(lake / "public.t")}
+    assert mirror[1]["e"] == "e" and mirror[1]["n"] == 7 and mirror[52]["e"] == "x"
+    assert mirror[1]["r"] is not None and mirror[1]["none_yet"] is None
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_identity_full_duplicates_are_kept_as_copies(
+    spark: Any, pg: Database, tmp_path: Path, mode: str
+) -> None:
+    """Two identical rows of a table without a key under REPLICA IDENTITY FULL are two mirror
+    rows; deleting or updating one of them (ctid) touches one copy (case 7)."""
+    pg.execute(
+        "CREATE TABLE d (tag text, n int, note text);"
+        "ALTER TABLE d ALTER note SET STORAGE EXTERNAL; ALTER TABLE d REPLICA IDENTITY FULL"
+    )
+    slot, publication = _slot_and_publication(pg, "d")
+    lake = tmp_path / "lake"
+    config = pipeline_config(pg, slot, publication, lake, {"public.d": mode})
+    pg.execute(
+        "INSERT INTO d SELECT 't' || (g % 3), g % 2, repeat('x', 3000) "
+        "FROM generate_series(1, 12) g, generate_series(1, 2) copies"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    one = "ctid = (SELECT ctid FROM d WHERE tag = 't1' AND n = 1 LIMIT 1)"
+    pg.execute(f"DELETE FROM d WHERE {one}")
+    pg.execute(f"UPDATE d SET n = 5 WHERE {one}")
+    pg.execute("INSERT INTO d SELECT * FROM d WHERE tag = 't2' LIMIT 1")
+    pg.execute("UPDATE d SET tag = 't9' WHERE tag = 't0' AND n = 0")  # TOASTed note unchanged
+    run_pipeline(spark, config)
+    assert_identical(pg, config)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from pgcdc.errors import ValueOutOfRange
+from pgcdc.errors import TargetError, ValueOutOfRange
 from pgcdc.targets import DeltaTarget
 
 from .envelopes import (
@@ -172,6 +172,57 @@ def test_replica_identity_full_without_key(tmp_path: Path) -> None:
     assert rows(t.to_arrow()) == [(1, "a2", "d"), (9, "z", None)]
 
 
+FULL = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_identity_full_rows_are_a_multiset(tmp_path: Path, mode: str) -> None:
+    """Identical rows are copies: two inserts give two rows; deleting or updating one copy
+    (in the batch that inserted it, or later from the target's) touches only one; a
+    truncation removes them all (case 7 of the exactly-once issue)."""
+    t = target(tmp_path, mode)
+
+    def current() -> list[tuple[Any, ...]]:
+        data = t.to_arrow()
+        if mode == "history":
+            data = data.filter(data.column("__END_AT").is_null())
+        return rows(data, "id", "name", "doc")
+
+    a, b = {"id": 1, "name": "a"}, {"id": 2, "name": None}
+    t.apply(envelope(txn(0x100, *(insert(FULL, **a) for _ in range(3)), insert(FULL, **b))))
+    assert current() == [(1, "a", None)] * 3 + [(2, None, None)]
+    t.apply(envelope(txn(0x200, insert(FULL, **b), delete(FULL, **b))))  # the batch's own copy
+    assert current() == [(1, "a", None)] * 3 + [(2, None, None)]
+    t.apply(
+        envelope(
+            txn(0x300, delete(FULL, **a)),
+            txn(0x400, update(FULL, {"id": 1, "name": "a2", "doc": UNCHANGED}, old=a)),
+            txn(0x500, insert(FULL, **b)),
+        )
+    )
+    assert current() == [(1, "a", None), (1, "a2", None), (2, None, None), (2, None, None)]
+    t.apply(envelope(txn(0x600, delete(FULL, **b), delete(FULL, **b), insert(FULL, **a))))
+    assert current() == [(1, "a", None), (1, "a", None), (1, "a2", None)]
+    with pytest.raises(TargetError, match=r"remove a row the target holds 0 time\(s\)"):
+        t.apply(envelope(txn(0x700, delete(FULL, **b))))
+    t.apply(envelope(txn(0x800, delete(FULL, **a), truncate(FULL), insert(FULL, **a))))
+    assert current() == [(1, "a", None)]
+    if mode == "history":  # every version is there once, ended where its copy went
+        ends = sorted(
+            (v["name"], v["__START_AT"]["commit_lsn"], (v["__END_AT"] or {}).get("commit_lsn"))
+            for v in t.to_arrow().to_pylist()
+            if v["id"] == 1
+        )
+        assert ends == [
+            ("a", 0x100, 0x300),
+            ("a", 0x100, 0x400),
+            ("a", 0x100, 0x800),
+            ("a", 0x600, 0x800),
+            ("a", 0x800, None),
+            ("a2", 0x400, 0x800),
+        ]
+
+
 def test_replica_identity_nothing_appends_inserts(tmp_path: Path) -> None:
     keyless = relation(("id", INT4), ("name", TEXT), identity="n")
     t = target(tmp_path, "mirror")
@@ -256,29 +307,49 @@ def test_history_without_identity(tmp_path: Path) -> None:
     )
 
 
-def test_history_commits_replayed_without_the_watermark_are_idempotent(tmp_path: Path) -> None:
-    """A batch cut into several commits (the identity changes inside it) may be replayed
-    after a crash between them: nothing is inserted twice, nothing ends twice."""
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_a_crash_between_the_commits_of_a_batch_is_replayed_exactly(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch in which the replica identity changes is written in several commits; after a
+    crash between them, applying it again writes only what is missing (the first commit
+    names its last change), the same as an uninterrupted run."""
     full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
-    t = target(tmp_path, "history")
-    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"))))
     batch = envelope(
-        txn(0x200, update(REL, {"id": 1, "name": "b"})),
+        txn(0x200, update(REL, {"id": 1, "name": "b"}), insert(REL, id=2, name="x")),
         txn(0x300, update(full, {"id": 1, "name": "c"}, old={"id": 1, "name": "b"})),
     )
-    t.apply(batch)
-    expected = versions(t)
-    other = DeltaTarget(t.path, "history", app_id="pgcdc:another")  # no watermark yet
-    other.apply(batch)
-    assert (
-        versions(other)
-        == expected
-        == [
-            (1, "a", None, (0x100, 1), (0x200, 1)),
-            (1, "b", None, (0x200, 1), (0x300, 1)),
-            (1, "c", None, (0x300, 1), None),
-        ]
-    )
+    clean, crashed = target(tmp_path / "clean", mode), target(tmp_path / "crashed", mode)
+    for t in (clean, crashed):
+        t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"))))
+    clean.apply(batch)
+
+    def crash(*args: Any) -> bool:
+        raise RuntimeError("killed between the commits")
+
+    monkeypatch.setattr(DeltaTarget, "_write_multiset", crash)
+    with pytest.raises(RuntimeError):
+        crashed.apply(batch)
+    assert crashed.watermark == 0x100
+    monkeypatch.undo()
+    result = crashed.apply(batch)
+    assert (result.applied, result.skipped, result.watermark) == (1, 2, 0x300)
+    if mode == "history":
+        assert (
+            versions(crashed)
+            == versions(clean)
+            == [
+                (1, "a", None, (0x100, 1), (0x200, 1)),
+                (1, "b", None, (0x200, 1), (0x300, 1)),
+                (1, "c", None, (0x300, 1), None),
+                (2, "x", None, (0x200, 2), None),
+            ]
+        )
+    else:
+        assert (
+            rows(crashed.to_arrow()) == rows(clean.to_arrow()) == [(1, "c", None), (2, "x", None)]
+        )
+    assert crashed.apply(batch).applied == 0
 
 
 # --- change log ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
+from pgcdc.targets.added_columns import ColumnFill
 from pgcdc.types.mapping import MappingOptions
 
 from .envelopes import (
@@ -153,3 +154,91 @@ def test_another_mode_or_table_is_refused(tmp_path: Path) -> None:
     other = relation(("id", INT4, True), table="other")
     with pytest.raises(TargetError, match=r"created for public\.items, not public\.other"):
         t.apply(envelope(txn(0x200, insert(other, id=2))))
+
+
+# --- the value of an added column in older rows (ADD COLUMN ... DEFAULT) -------------------
+
+
+def constant(value: str | None) -> Any:
+    """A fill source that answers one value (what the catalog's missing value gives)."""
+    asked: list[tuple[str, str]] = []
+
+    def fills(shape: Any, column: str) -> ColumnFill:
+        asked.append((shape.name, column))
+        return ColumnFill(text=value)
+
+    fills.asked = asked  # type: ignore[attr-defined]
+    return fills
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_an_added_column_holds_its_fill_in_every_older_row(tmp_path: Path, mode: str) -> None:
+    """The target's rows before the batch and the batch's own rows made before the column
+    was added hold the fill; rows made after hold their own value (case 6)."""
+    fills = constant("42")
+    t = target(tmp_path, mode, fills=fills)
+    t.apply(envelope(txn(0x100, insert(V1, id=1, name="a"), insert(V1, id=2, name="b"))))
+    t.apply(envelope(txn(0x150, update(V1, {"id": 2, "name": "b2"}))))
+    t.apply(
+        envelope(
+            txn(0x200, insert(V1, id=3, name="c"), update(V1, {"id": 1, "name": "a2"})),
+            txn(
+                0x300,
+                insert(V2, id=4, name="d", score=None),
+                update(V2, {"id": 3, "name": "c", "score": 7}),
+            ),
+        )
+    )
+    assert fills.asked == [("public.items", "score")]
+    data = t.to_arrow()
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    assert rows(current, "id", "name", "score") == [
+        (1, "a2", 42),
+        (2, "b2", 42),
+        (3, "c", 7),
+        (4, "d", None),
+    ]
+    if mode == "history":  # a version that had ended before the batch keeps NULL
+        ended = data.filter(data.column("__END_AT").is_valid())
+        assert (2, "b", None) in rows(ended, "id", "name", "score")
+    t.apply(envelope(txn(0x400, insert(V2, id=5, name="e"))))  # no longer added
+    assert fills.asked == [("public.items", "score")]
+
+
+def test_a_fill_read_per_row_from_the_source(tmp_path: Path) -> None:
+    """A volatile default: each older row's own value, by key (the source's rows)."""
+    values = pa.table({"id": ["1", "2", "9"], "value": ["10", "20", "90"]})
+    t = target(tmp_path, fills=lambda shape, column: ColumnFill(rows=values))
+    t.apply(envelope(txn(0x100, insert(V1, id=1), insert(V1, id=2), insert(V1, id=3))))
+    t.apply(envelope(txn(0x200, insert(V1, id=4)), txn(0x300, insert(V2, id=5, score=50))))
+    assert rows(t.to_arrow(), "id", "score") == [(1, 10), (2, 20), (3, None), (4, None), (5, 50)]
+
+
+def test_a_column_dropped_and_added_again_takes_its_new_fill(tmp_path: Path) -> None:
+    """The target keeps a dropped column; added again (a later batch), it holds the new
+    column's fill in every older row, not the old column's values."""
+    t = target(tmp_path, fills=constant("0"))
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1), insert(V2, id=2, score=2))))
+    t.apply(envelope(txn(0x200, update(V1, {"id": 1, "name": "dropped"}))))
+    t.apply(envelope(txn(0x300, insert(V2, id=3, score=3))))
+    assert rows(t.to_arrow(), "id", "score") == [(1, 0), (2, 0), (3, 3)]
+
+
+def test_a_crash_after_the_fill_before_the_batch_fills_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = target(tmp_path, fills=constant("5"))
+    t.apply(envelope(txn(0x100, insert(V1, id=1))))
+    batch = envelope(txn(0x200, insert(V1, id=2)), txn(0x300, insert(V2, id=3, score=3)))
+
+    def crash(*args: Any) -> bool:
+        raise RuntimeError("killed after the fill's commit")
+
+    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
+    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
+    with pytest.raises(RuntimeError):
+        t.apply(batch)
+    monkeypatch.undo()
+    assert rows(t.to_arrow(), "id", "score") == [(1, 5)] and t.watermark == 0x100
+    t.apply(batch)
+    assert rows(t.to_arrow(), "id", "score") == [(1, 5), (2, 5), (3, 3)]

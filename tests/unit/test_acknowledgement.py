@@ -126,7 +126,9 @@ def test_a_message_its_phase_does_not_allow_is_refused_with_its_lsn() -> None:
     acks.on_message(StreamStart(7, True), Lsn(320))
     with pytest.raises(UnexpectedMessage, match="StreamCommit cannot come in a stream block"):
         acks.on_message(StreamCommit(7, Lsn(330), Lsn(340), 0), Lsn(340))
-    with pytest.raises(UnexpectedMessage, match=r"Insert cannot come between transactions \(byte 0, LSN 1/10\)"):
+    with pytest.raises(
+        UnexpectedMessage, match=r"Insert cannot come between transactions \(byte 0, LSN 1/10\)"
+    ):
         Acknowledgement().on_message(Insert(1, ROW), Lsn(0x1_0000_0010))
 
 

@@ -15,6 +15,7 @@ import psycopg
 from pgcdc.errors import SlotNotFound
 from pgcdc.protocol import Lsn
 from pgcdc.replication.connection import (
+    DEFAULT_SESSION_SETTINGS,
     CreatedSlot,
     ReplicationConnection,
     connection_error,
@@ -24,13 +25,20 @@ from pgcdc.replication.connection import (
 __all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "get_slot", "list_slots"]
 
 
-def connect_sql(conninfo: str) -> psycopg.Connection:
-    """An ordinary autocommit connection, with the same error style as the walsender's."""
+def connect_sql(conninfo: str, *, pinned_settings: bool = False) -> psycopg.Connection:
+    """An ordinary autocommit connection, with the same error style as the walsender's.
+
+    With `pinned_settings`, the session prints values exactly as a walsender session of
+    pgcdc's does (`DEFAULT_SESSION_SETTINGS`: DateStyle, extra_float_digits, ...)."""
     parse_conninfo(conninfo)  # a malformed string: one line, before psycopg's traceback
     try:
-        return psycopg.connect(conninfo, autocommit=True, application_name="pgcdc")
+        conn = psycopg.connect(conninfo, autocommit=True, application_name="pgcdc")
     except psycopg.OperationalError as exc:
         raise connection_error(str(exc), conninfo) from None
+    if pinned_settings:
+        for name, value in DEFAULT_SESSION_SETTINGS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    return conn
 
 
 @dataclass(frozen=True, slots=True)

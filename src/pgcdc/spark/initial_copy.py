@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -36,16 +37,21 @@ from psycopg import sql
 
 from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.protocol import Lsn, Relation
-from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS, ReplicationConnection
+from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.slots import connect_sql, drop_slot
 from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
-from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, plan_chunks
+from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
+from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.spark.session import error_line
 from pgcdc.spark.typed import CatalogAnswers, catalog_registry, catalog_relation
-from pgcdc.targets import END_AT, START_AT, DeltaTarget
+from pgcdc.targets import END_AT, SEQUENCE_TYPE, START_AT, DeltaTarget
 
 __all__ = ["CHUNK_KEY", "InitialCopy", "TableProgress"]
 
+log = logging.getLogger(__name__)
+
+#: How many snapshots a copy takes before it gives up on tables rewritten under it.
+_ATTEMPTS = 5
 #: The Delta commit metadata keys naming the chunk a commit holds and the copy's point.
 CHUNK_KEY = "pgcdc.snapshot.chunk"
 POINT_KEY = "pgcdc.snapshot.point"
@@ -95,13 +101,12 @@ class _Task:
     answers: CatalogAnswers
     targets: tuple[_Target, ...]
     point: int
+    #: The chunk's place in its table's plan (distinct versions' ordinals).
+    position: int
 
 
 def _session(conninfo: str, snapshot: str) -> Any:
-    conn = connect_sql(conninfo)
-    for name, value in DEFAULT_SESSION_SETTINGS.items():
-        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-    conn.commit()
+    conn = connect_sql(conninfo, pinned_settings=True)
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
     return conn
@@ -122,12 +127,16 @@ def _rows(task: _Task) -> pa.Table:
     return pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
 
 
-def _for_target(rows: pa.Table, mode: str, point: int) -> pa.Table:
+def _for_target(rows: pa.Table, mode: str, point: int, position: int) -> pa.Table:
+    """A history's rows start at the copy's point; each its own (negative) ordinal, so that
+    identical rows (a table without a key) are distinct versions, before any change there."""
     if mode != "history":
         return rows
-    start = pa.array(
-        [{"commit_lsn": point, "ordinal": 0}] * rows.num_rows,
-        pa.struct([("commit_lsn", pa.int64()), ("ordinal", pa.int64())]),
+    first = -(position << 32) - 1
+    ordinals = pa.array(range(first, first - rows.num_rows, -1), pa.int64())
+    start = pa.StructArray.from_arrays(
+        [pa.repeat(pa.scalar(point, pa.int64()), rows.num_rows), ordinals],
+        fields=list(SEQUENCE_TYPE),
     )
     rows = rows.append_column(START_AT, start)
     return rows.append_column(END_AT, pa.nulls(rows.num_rows, start.type))
@@ -148,7 +157,7 @@ def copy_chunk(task: _Task) -> tuple[str, str, int]:
         "pgcdc.snapshot.rows": str(rows.num_rows),
     }
     for target in task.targets:
-        data = _conform(_for_target(rows, target.mode, task.point), target.path)
+        data = _conform(_for_target(rows, target.mode, task.point, task.position), target.path)
         commit = CommitProperties(custom_metadata=metadata)
         write_deltalake(target.path, data, mode="append", commit_properties=commit)
     return task.chunk.table, task.chunk.id, rows.num_rows
@@ -218,25 +227,40 @@ class InitialCopy:
         """Create the slot with an exported snapshot and copy everything as of its point.
 
         The state says "creating" before the slot exists, so a crash right after its creation
-        leaves a record that the slot is the pipeline's own (`restart` drops it)."""
+        leaves a record that the slot is the pipeline's own (`restart` drops it). A table
+        rewritten between the snapshot and the copy's locks (`SnapshotGuard`) makes it
+        start again with a new slot."""
         self._save({"status": "creating", "slot": self.slot})
+        for attempt in range(_ATTEMPTS):
+            try:
+                return self._copy_fresh()
+            except TablesRewritten as exc:
+                with contextlib.suppress(SlotNotFound):
+                    drop_slot(self.conninfo, self.slot, wait=True)
+                if attempt + 1 == _ATTEMPTS:
+                    raise SnapshotError(f"the initial copy cannot start: {exc}") from None
+                log.info("copy starts again with a new snapshot: %s", exc)
+        raise AssertionError("unreachable")
+
+    def _copy_fresh(self) -> Lsn:
         with ReplicationConnection.connect(self.conninfo) as rconn:
             created = rconn.create_slot(self.slot, snapshot="export")
             assert created.snapshot_name is not None
             point = created.consistent_point
-            with connect_sql(self.conninfo) as conn:
+            sources = [self._source(t) for t in self.targets]
+            with SnapshotGuard(self.conninfo, created.snapshot_name, sources) as guard:
                 plans = {
-                    t: plan_chunks(conn, self._source(t), self.chunk_blocks, t)
+                    t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
                     for t in self.targets
                 }
-            state = {
-                "status": "copying",
-                "slot": self.slot,
-                "point": str(point),
-                "chunks": {t: [c.to_json() for c in cs] for t, cs in plans.items()},
-            }
-            self._save(state)
-            copied = self._copy(plans, created.snapshot_name, point)
+                state = {
+                    "status": "copying",
+                    "slot": self.slot,
+                    "point": str(point),
+                    "chunks": {t: [c.to_json() for c in cs] for t, cs in plans.items()},
+                }
+                self._save(state)
+                copied = self._copy(plans, created.snapshot_name, point)
         self._finish(state, copied)
         return point
 
@@ -263,21 +287,33 @@ class InitialCopy:
 
     def copy_online(self, tables: list[str]) -> tuple[Lsn, set[str]]:
         """Copy `tables` while the stream goes on: under a new exported snapshot (a temporary
-        slot's), into emptied targets, each marked with that snapshot's point. Returns the
-        point and the tables that succeeded."""
+        slot's, taken again if a table is rewritten before the copy's locks), into emptied
+        targets, each marked with that snapshot's point. Returns the point and the tables
+        that succeeded."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                return self._copy_online(tables)
+            except TablesRewritten as exc:
+                if attempt + 1 == _ATTEMPTS:
+                    raise SnapshotError(f"the copy of {', '.join(tables)}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _copy_online(self, tables: list[str]) -> tuple[Lsn, set[str]]:
         temporary = f"pgcdc_copy_{uuid.uuid4().hex[:12]}"
         with ReplicationConnection.connect(self.conninfo) as rconn:
             created = rconn.create_slot(temporary, temporary=True, snapshot="export")
             assert created.snapshot_name is not None
             point = created.consistent_point
-            for table in tables:
-                for target in self.targets[table]:
-                    target.clear()
-            with connect_sql(self.conninfo) as conn:
+            sources = [self._source(t) for t in tables]
+            with SnapshotGuard(self.conninfo, created.snapshot_name, sources) as guard:
+                for table in tables:
+                    for target in self.targets[table]:
+                        target.clear()
                 plans = {
-                    t: plan_chunks(conn, self._source(t), self.chunk_blocks, t) for t in tables
+                    t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
+                    for t in tables
                 }
-            copied = self._copy(plans, created.snapshot_name, point)
+                copied = self._copy(plans, created.snapshot_name, point)
         for table in copied:
             for target in self.targets[table]:
                 target.mark(int(point))
@@ -306,8 +342,8 @@ class InitialCopy:
                 continue
             copied = tuple(_Target(t.path, t.mode) for t in targets if t.mode != "changelog")
             jobs[table] = [
-                _Task(self.conninfo, snapshot, c, relation, answers, copied, int(point))
-                for c in chunks
+                _Task(self.conninfo, snapshot, c, relation, answers, copied, int(point), i)
+                for i, c in enumerate(chunks)
             ]
 
         def job(table: str, tasks: list[_Task]) -> None:

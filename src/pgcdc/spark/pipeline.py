@@ -28,6 +28,7 @@ from pgcdc.decoding.catalog import Catalog
 from pgcdc.errors import ApplyError, PgcdcError, SlotNotFound, TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import SlotInfo, connect_sql, get_slot
+from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables, partial_truncates
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
@@ -98,6 +99,7 @@ class Pipeline:
         self.registry: TypeRegistry = DEFAULT_REGISTRY.copy()
         self.catalog = Catalog(config.conninfo)
         self.targets: dict[str, list[tuple[TableTarget, DeltaTarget]]] = {}
+        fills = SourceFills(config.conninfo)
         for spec in config.targets():
             target = DeltaTarget(
                 spec.path,
@@ -105,6 +107,7 @@ class Pipeline:
                 app_id=config.app_id,
                 registry=self.registry,
                 source=spec.table,
+                fills=fills,
             )
             self.targets.setdefault(spec.table, []).append((spec, target))
         self.stats = PipelineStats()

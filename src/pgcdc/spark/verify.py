@@ -15,7 +15,6 @@ import pyarrow as pa
 from psycopg import sql
 
 from pgcdc.protocol import TupleData
-from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS
 from pgcdc.replication.slots import connect_sql
 from pgcdc.spark.typed import catalog_registry, catalog_relation
 from pgcdc.types.arrow import ArrowBatchBuilder
@@ -52,9 +51,7 @@ def source_rows(conninfo: str, table: str) -> pa.Table:
     names = [c.name for c in relation.columns]
     select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
     source = sql.Identifier(relation.namespace, relation.relname)
-    with connect_sql(conninfo) as conn:
-        for name, value in DEFAULT_SESSION_SETTINGS.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    with connect_sql(conninfo, pinned_settings=True) as conn:
         for row in conn.execute(sql.SQL("SELECT {} FROM {}").format(select, source)):
             kinds = bytes(0x6E if v is None else 0x74 for v in row)
             builder.append(TupleData(kinds, tuple(None if v is None else v.encode() for v in row)))

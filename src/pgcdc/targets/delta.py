@@ -14,18 +14,19 @@ Modes:
 Exactly once: the highest commit LSN applied is recorded in the same commit as the data, as
 the Delta application transaction version of `app_id`; `apply` first drops rows at or below
 it, so a replayed batch changes nothing. Batches must hold whole transactions (all rows of a
-commit LSN). When a batch needs more than one commit (table creation, a widening rewrite, a
-change of the replica identity inside the batch), only the last one carries the watermark and
-each earlier one is idempotent: the history MERGE matches a version by its ``__START_AT``, so
-a replay never inserts it twice, and ends only versions that started before the ending change.
-A MERGE that changes no row makes no commit in delta-rs; the watermark then goes in an empty
-append.
+commit LSN). When a batch needs more than one commit, only the last one carries the watermark:
+table creation and a widening rewrite are idempotent; a batch in which the replica identity
+changes is written one run of changes per commit, and each commit but the last names, in its
+commit metadata (``pgcdc.partial``), the last change it holds, so that a replay after a crash
+between them skips what is in (a watermark cannot say it: the run may end inside a
+transaction). A MERGE that changes no row makes no commit in delta-rs; the watermark then goes
+in an empty append.
 
 Keys: the replica identity's columns (``t.k = s.k``). Under REPLICA IDENTITY FULL every column
-is the key, compared null-safely (``IS NOT DISTINCT FROM``). The limit: identical duplicate
-rows cannot be told apart; inserting a copy of an existing row keeps one row, and deleting or
-updating one copy affects every copy. Tables with no identity (REPLICA IDENTITY NOTHING) only
-accept inserts, which are appended.
+is the key, compared null-safely (``IS NOT DISTINCT FROM``), and the table is a multiset:
+identical rows are copies, each counted (`pgcdc.targets.fold.fold_multiset`), so a mirror holds
+as many copies as the source, and deleting or updating one copy removes one. Tables with no
+identity (REPLICA IDENTITY NOTHING) only accept inserts, which are appended.
 
 Schema changes (each change's ``columns`` describe the relation as of that change), applied
 in sequence order, batch by batch:
@@ -45,6 +46,7 @@ Types Delta cannot store (``time`` as TimeType, ``interval`` as DayTimeIntervalT
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -57,6 +59,13 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, w
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.spark.envelope import ENVELOPE_ARROW_SCHEMA
+from pgcdc.targets.added_columns import (
+    ColumnFill,
+    FillSource,
+    added_columns,
+    fill_texts,
+    fill_values,
+)
 from pgcdc.targets.bulk import BulkMirror, bulk_mirror
 from pgcdc.targets.fold import (
     Change,
@@ -64,11 +73,14 @@ from pgcdc.targets.fold import (
     Image,
     Key,
     MirrorPlan,
+    MultisetPlan,
     Seq,
     Shape,
     changes_from_envelope,
+    describe_seq,
     fold_history,
     fold_mirror,
+    fold_multiset,
     segments,
 )
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
@@ -88,6 +100,10 @@ ACTION = "_pgcdc_action"
 #: Above this many keys, a lookup of current rows scans instead of listing the keys.
 _MAX_IN_LIST = 10_000
 _T, _N, _U = 0x74, 0x6E, 0x75
+Plan = MirrorPlan | HistoryPlan | MultisetPlan
+#: Commit metadata: the last change of a batch's commit that is not its last; the
+#: relation's columns as of a batch's last change.
+_PARTIAL, _COLUMNS = "pgcdc.partial", "pgcdc.columns"
 
 
 @dataclass(slots=True)
@@ -209,6 +225,7 @@ class DeltaTarget:
         options: MappingOptions = DEFAULT_OPTIONS,
         storage_options: dict[str, str] | None = None,
         source: str | None = None,
+        fills: FillSource | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -221,7 +238,11 @@ class DeltaTarget:
         self.options = options
         self.storage_options = storage_options
         self.source = source
+        #: The value of columns added to the source for the rows before (None: NULL).
+        self.fills = fills
         self._builders: dict[Shape, ArrowBatchBuilder] = {}
+        #: Per batch: the added columns' fills and the shape that has each.
+        self._batch_fills: dict[str, tuple[ColumnFill, Shape]] = {}
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self.path!r}, {self.mode!r}, app_id={self.app_id!r})"
@@ -294,6 +315,7 @@ class DeltaTarget:
         # Builders live for one batch: the registry may learn types between batches, and a
         # failed batch must leave no rows in them.
         self._builders.clear()
+        self._batch_fills.clear()
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
         total = rows.num_rows
@@ -302,17 +324,28 @@ class DeltaTarget:
         skipped = total - rows.num_rows
         if rows.num_rows == 0:
             return ApplyResult(0, skipped, 0, 0, watermark, None)
+        last = self._last_commit(table)
+        if (partial := self._partial(last, watermark)) is not None:
+            lsn, ordinal = partial  # a crash came between the commits of a batch
+            lsns, ordinals = rows.column("commit_lsn"), rows.column("ordinal")
+            done = pc.or_(
+                pc.less(lsns, lsn), pc.and_(pc.equal(lsns, lsn), pc.less_equal(ordinals, ordinal))
+            )
+            rows = rows.filter(pc.invert(done))
+            skipped = total - rows.num_rows
+            if rows.num_rows == 0:
+                return ApplyResult(0, skipped, 0, 0, watermark, None)
         high = pc.max(rows.column("commit_lsn")).as_py()
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, high)])
         if self.mode == "changelog":
             upserts, deletes, version = self._append(table, rows, commit)
         elif self.mode == "mirror" and (bulk := bulk_mirror(rows)) is not None:
-            upserts, deletes, version = self._apply_bulk(table, bulk, rows, commit)
+            upserts, deletes, version = self._apply_bulk(table, bulk, rows, high, last)
         else:
             changes = changes_from_envelope(rows)
             if not changes:  # only logical messages: nothing to write
                 return ApplyResult(0, skipped, 0, 0, watermark, None)
-            upserts, deletes, version = self._apply_changes(table, changes, commit)
+            upserts, deletes, version = self._apply_changes(table, changes, high, last)
         return ApplyResult(rows.num_rows, skipped, upserts, deletes, high, version)
 
     def _append(
@@ -328,27 +361,34 @@ class DeltaTarget:
         return rows.num_rows, 0, self._load().version()
 
     def _apply_changes(
-        self, table: DeltaTable | None, changes: list[Change], commit: CommitProperties
+        self, table: DeltaTable | None, changes: list[Change], high: int, last: dict[str, Any]
     ) -> tuple[int, int, int]:
         source = self._check_source(table, changes)
         current = None if table is None else self._schema(table)
         evolution = self._evolve(current, changes, source)
         schema = evolution.schema
+        shapes = list(dict.fromkeys(c.shape for c in changes))
+        before = self._resolve_fills(table, current, last, shapes)
+        commit = self._commit(high, shapes[-1])
         runs = list(segments(changes))
         # Everything that can fail on the data (typing, the policy on out-of-range values)
         # happens before the first write.
-        plans = [fold_mirror(run) if self.mode == "mirror" else fold_history(run) for run in runs]
+        plans = [self._fold(run) for run in runs]
         typed = [self._type_plan(plan, schema) for plan in plans]
         if table is None:
             table = self._create(schema, source)
-        elif evolution.widened:
-            self._rewrite(table, schema)
+        elif evolution.widened or before:
+            self._rewrite(table, schema, before)
         upserts = deletes = 0
-        for i, (plan, data) in enumerate(zip(plans, typed, strict=True)):
+        for i, (plan, data, run) in enumerate(zip(plans, typed, runs, strict=True)):
             last = i == len(plans) - 1
             table = self._load()
-            props = commit if last else None
-            if isinstance(plan, MirrorPlan):
+            props = commit if last else self._partial_commit(run[-1].seq)
+            if isinstance(plan, MultisetPlan):
+                written = self._write_multiset(table, plan, data, schema, props)
+                upserts += len(plan.versions)
+                deletes += plan.deletes
+            elif isinstance(plan, MirrorPlan):
                 written = self._write_mirror(table, plan, data, schema, props)
                 upserts += len(plan.upserts)
                 deletes += len(plan.deletes)
@@ -393,7 +433,12 @@ class DeltaTarget:
         self._mark(table, CommitProperties(app_transactions=[Transaction(self.app_id, watermark)]))
 
     def _apply_bulk(
-        self, table: DeltaTable | None, bulk: BulkMirror, rows: pa.Table, commit: CommitProperties
+        self,
+        table: DeltaTable | None,
+        bulk: BulkMirror,
+        rows: pa.Table,
+        high: int,
+        last: dict[str, Any],
     ) -> tuple[int, int, int]:
         """A batch `bulk_mirror` folded in Arrow: typed a column at a time, one MERGE."""
         shape = bulk.shape
@@ -402,6 +447,8 @@ class DeltaTarget:
         current = None if table is None else self._schema(table)
         evolution = self._evolve(current, [first], source)
         schema = evolution.schema
+        before = self._resolve_fills(table, current, last, [shape])
+        commit = self._commit(high, shape)
         columns = TextColumns(self._builder(shape).relation, self.registry, self.options, source)
         names = [c.name for c in shape.columns]
         upserts = columns.batch([bulk.upserts[n].combine_chunks() for n in names], bulk.upsert_rows)
@@ -424,12 +471,44 @@ class DeltaTarget:
         )
         if table is None:
             table = self._create(schema, source)
-        elif evolution.widened:
-            self._rewrite(table, schema)
+        elif evolution.widened or before:
+            self._rewrite(table, schema, before)
             table = self._load()
         if not self._merge_mirror(table, shape, data, schema, commit):
             self._mark(table, commit)
         return bulk.upsert_rows, bulk.delete_rows, self._load().version()
+
+    def _partial_commit(self, seq: Seq) -> CommitProperties:
+        """The commit properties of a batch's commit that is not its last: the last change
+        it holds (`_partial` reads it back)."""
+        marker = json.dumps({"app_id": self.app_id, "commit_lsn": seq[0], "ordinal": seq[1]})
+        return CommitProperties(custom_metadata={_PARTIAL: marker})
+
+    def _last_commit(self, table: DeltaTable | None) -> dict[str, Any]:
+        """The latest commit's information (its custom metadata included)."""
+        history = [] if table is None else table.history(1)
+        return history[0] if history else {}
+
+    def _commit(self, high: int, shape: Shape) -> CommitProperties:
+        """A batch's last commit: the watermark, and the columns of the relation as of the
+        batch's last change (the next batch tells added columns by them)."""
+        columns = json.dumps([c.name for c in shape.columns])
+        return CommitProperties(
+            app_transactions=[Transaction(self.app_id, high)],
+            custom_metadata={_COLUMNS: columns},
+        )
+
+    def _partial(self, last: dict[str, Any], watermark: int | None) -> Seq | None:
+        """The last change in the table, when its latest commit is one of a batch that did
+        not finish (a crash came before the batch's last commit)."""
+        marker = last.get(_PARTIAL)
+        if marker is None:
+            return None
+        data = json.loads(marker)
+        seq = (int(data["commit_lsn"]), int(data["ordinal"]))
+        if data.get("app_id") != self.app_id or (watermark is not None and seq[0] <= watermark):
+            return None
+        return seq
 
     def _mark(self, table: DeltaTable, commit: CommitProperties) -> None:
         """A commit that only records the watermark (an empty append)."""
@@ -518,10 +597,46 @@ class DeltaTarget:
             fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
         return _Evolution(pa.schema(fields), widened)
 
-    def _rewrite(self, table: DeltaTable, schema: pa.Schema) -> None:
-        """The whole table again, with wider column types (idempotent, no watermark)."""
+    def _rewrite(
+        self, table: DeltaTable, schema: pa.Schema, fills: dict[str, tuple[ColumnFill, Shape]]
+    ) -> None:
+        """The whole table again, in one commit without a watermark: with wider column types,
+        and each added column holding its fill (a history: in its current versions). Done
+        again after a crash, it writes the same."""
         data = _conform(self._query(table, "SELECT * FROM t", self._schema(table)), schema)
+        for column, (fill, shape) in fills.items():
+            keys = data.select(list(shape.key_names)) if fill.rows is not None else data.select([])
+            values = fill_values(self._builder(shape), column, fill, keys)
+            if self.mode == "history":
+                current = pc.is_null(data.column(END_AT))
+                values = pc.if_else(current, values, pa.nulls(len(values), values.type))
+            data = _with_column(data, column, values)
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+
+    def _resolve_fills(
+        self,
+        table: DeltaTable | None,
+        current: pa.Schema | None,
+        last: dict[str, Any],
+        shapes: list[Shape],
+    ) -> dict[str, tuple[ColumnFill, Shape]]:
+        """Find the batch's added columns (`added_columns`) and ask for their fills (kept
+        for typing the batch's older images); the ones the target's rows need now."""
+        prior: list[str] | None = None
+        if current is not None:
+            recorded = last.get(_COLUMNS)
+            prior = (
+                json.loads(recorded)
+                if recorded
+                else [n for n in current.names if n not in (START_AT, END_AT)]
+            )
+        added = added_columns(prior, shapes)
+        for column, shape in added.items():
+            fill = self.fills(shape, column) if self.fills is not None else ColumnFill()
+            self._batch_fills[column] = (fill, shape)
+        if table is None or prior is None:
+            return {}
+        return {c: f for c, f in self._batch_fills.items() if c not in prior}
 
     # --- typing ------------------------------------------------------------------------
 
@@ -536,7 +651,8 @@ class DeltaTarget:
             builder = self._builder(shape)
             for i in positions:
                 builder.append(_tuple(images[i], shape), images[i].lsn)
-            parts.append(_conform(pa.Table.from_batches([builder.flush()]), schema))
+            part = _conform(pa.Table.from_batches([builder.flush()]), schema)
+            parts.append(self._fill_older(part, shape, [images[i] for i in positions]))
             order.extend(positions)
         data = pa.concat_tables(parts)
         if order != sorted(order):
@@ -546,9 +662,23 @@ class DeltaTarget:
             data = data.take(pa.array(inverse, pa.int64()))
         return data
 
-    def _type_plan(self, plan: MirrorPlan | HistoryPlan, schema: pa.Schema) -> pa.Table:
-        """The plan's merge source without the unchanged TOAST values still to be read."""
+    def _fold(self, run: list[Change]) -> Plan:
+        shape = next((c.shape for c in run if c.op != "truncate"), run[0].shape)
+        if shape.full_identity:
+            return fold_multiset(run)
+        return fold_mirror(run) if self.mode == "mirror" else fold_history(run)
+
+    def _type_plan(self, plan: Plan, schema: pa.Schema) -> pa.Table:
+        """The plan's merge source without the unchanged TOAST values still to be read (for
+        a multiset: the versions, then the key image of each key with removals)."""
         data = pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
+        if isinstance(plan, MultisetPlan):
+            images = [v.image for v in plan.versions] + [plan.images[k] for k in plan.removals]
+            typed = self._type(images, data)
+            starts = [_seq(v.start) for v in plan.versions] + [None] * len(plan.removals)
+            ends = [_seq(v.end) for v in plan.versions] + [None] * len(plan.removals)
+            typed = typed.append_column(START_AT, pa.array(starts, SEQUENCE_TYPE))
+            return typed.append_column(END_AT, pa.array(ends, SEQUENCE_TYPE))
         if isinstance(plan, MirrorPlan):
             images = [*plan.upserts.values(), *plan.deletes.values()]
             actions = ["upsert"] * len(plan.upserts) + ["delete"] * len(plan.deletes)
@@ -563,6 +693,20 @@ class DeltaTarget:
         typed = typed.append_column(START_AT, pa.array(starts, SEQUENCE_TYPE))
         typed = typed.append_column(END_AT, pa.array(ends, SEQUENCE_TYPE))
         return typed.append_column(ACTION, pa.array(actions, pa.string()))
+
+    def _fill_older(self, part: pa.Table, shape: Shape, images: list[Image]) -> pa.Table:
+        """Typed rows of `shape` with the columns added after it holding their fill."""
+        names = {c.name for c in shape.columns}
+        for column, (fill, owner) in self._batch_fills.items():
+            if column in names or column not in part.column_names:
+                continue
+            texts = fill_texts(fill, owner.key_names, [image.values for image in images])
+            builder = self._builder(owner)
+            index = [c.name for c in owner.columns].index(column)
+            encoded = [None if t is None else t.encode() for t in texts]
+            values = builder.column_from_text(index, encoded)[0]
+            part = _with_column(part, column, values)
+        return part
 
     # --- unchanged TOAST values from the target -----------------------------------------
 
@@ -623,10 +767,14 @@ class DeltaTarget:
         conditions = []
         if self.mode == "history":
             conditions.append(f"t.{_q(END_AT)} IS NULL")
-        if len(key_names) == 1 and typed_keys.num_rows <= _MAX_IN_LIST:
-            literals = _literals(typed_keys.column(key_names[0]))
+        if key_names and typed_keys.num_rows <= _MAX_IN_LIST:  # narrows; matched exactly later
+            first = typed_keys.column(key_names[0])
+            literals = _literals(first)
             if literals is not None:
-                conditions.append(f"t.{_q(key_names[0])} IN ({', '.join(literals)})")
+                narrow = f"t.{_q(key_names[0])} IN ({', '.join(literals)})"
+                if first.null_count:  # a key of identity FULL may hold NULL
+                    narrow = f"({narrow} OR t.{_q(key_names[0])} IS NULL)"
+                conditions.append(narrow)
         sql = f"SELECT {', '.join('t.' + _q(c) for c in wanted)} FROM t"
         if conditions:
             sql += " WHERE " + " AND ".join(conditions)
@@ -754,6 +902,125 @@ class DeltaTarget:
         merger.execute()
         return self._load().version() != before
 
+    def _write_multiset(
+        self,
+        table: DeltaTable,
+        plan: MultisetPlan,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> bool:
+        """One commit for a REPLICA IDENTITY FULL table, whose rows are a multiset. Keys that
+        lose copies of the target's own are read, then replaced: every current copy of the
+        key is deleted and what remains inserted again (a mirror: the copies left; a
+        history: the current versions, the oldest ones ended at the removals' sequences), as
+        MERGE cannot delete some of several identical rows. Added copies are inserted.
+        After a truncation, a mirror is overwritten with the copies added since."""
+        history = self.mode == "history"
+        count = len(plan.versions)
+        added, keys = data.slice(0, count), data.slice(count)
+        if not history:
+            added = added.filter(pc.is_null(added.column(END_AT))).drop_columns([START_AT, END_AT])
+            keys = keys.drop_columns([START_AT, END_AT])
+        if plan.truncated_at is not None and not history:
+            write_deltalake(
+                table,
+                _conform(added, schema),
+                mode="overwrite",
+                schema_mode=None if _same_schema(self._schema(table), schema) else "overwrite",
+                commit_properties=commit,
+            )
+            return True
+        kept = self._remaining_copies(table, plan, keys, schema)
+        if history and plan.truncated_at is not None and kept.num_rows:
+            open_ = pc.is_null(kept.column(END_AT))
+            ends = pc.if_else(
+                open_, pa.scalar(_seq(plan.truncated_at), SEQUENCE_TYPE), kept.column(END_AT)
+            )
+            kept = _with_column(kept, END_AT, ends)
+        source = pa.concat_tables(
+            [
+                _conform(keys, schema).append_column(ACTION, pa.repeat("delete", keys.num_rows)),
+                _conform(added, schema).append_column(ACTION, pa.repeat("insert", added.num_rows)),
+                _conform(kept, schema).append_column(ACTION, pa.repeat("insert", kept.num_rows)),
+            ]
+        )
+        if source.num_rows == 0 and plan.truncated_at is None:
+            return False
+        shape = next(iter(plan.images.values())).shape if plan.images else None
+        match = " AND ".join([*self._key_match(shape), f"s.{_q(ACTION)} = 'delete'"])
+        if history:
+            match += f" AND t.{_q(END_AT)} IS NULL"
+        current = self._schema(table)
+        before = table.version()
+        merger = (
+            table.merge(
+                source,
+                match,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=not set(schema.names) <= set(current.names),
+                commit_properties=commit,
+            )
+            .when_matched_delete()
+            .when_not_matched_insert(
+                {_q(n): f"s.{_q(n)}" for n in schema.names},
+                predicate=f"s.{_q(ACTION)} = 'insert'",
+            )
+        )
+        if history and plan.truncated_at is not None:
+            at = _seq_sql(plan.truncated_at)
+            end, start = f"t.{_q(END_AT)}", f"t.{_q(START_AT)}"
+            merger = merger.when_not_matched_by_source_update(
+                {_q(END_AT): at}, predicate=f"{end} IS NULL AND {_before(start, at)}"
+            )
+        merger.execute()
+        return self._load().version() != before
+
+    def _remaining_copies(
+        self, table: DeltaTable, plan: MultisetPlan, keys: pa.Table, schema: pa.Schema
+    ) -> pa.Table:
+        """The target's current copies of each key with removals, minus the removed ones (a
+        history: all of them, the oldest ended at the removals' sequences). Raises when the
+        target holds fewer copies than the changes remove."""
+        history = self.mode == "history"
+        names = list(next(iter(plan.images.values())).shape.key_names) if plan.removals else []
+        wanted = [*names, START_AT] if history else names
+        if not plan.removals:
+            return _pick(schema, wanted).empty_table() if history else schema.empty_table()
+        columns = [f.name for f in schema if f.name not in (START_AT, END_AT)]
+        extra = [START_AT, END_AT] if history else []
+        current = self._current(table, names, [*columns, *extra], keys.select(names), schema)
+        by_key: dict[Any, list[int]] = {}
+        for i, row in enumerate(current.select(names).to_pylist()):
+            by_key.setdefault(_hashable(tuple(row.values())), []).append(i)
+        take: list[int] = []
+        ends: list[dict[str, int] | None] = []
+        starts = current.column(START_AT).to_pylist() if history else None
+        for typed, (key, removals) in zip(
+            keys.select(names).to_pylist(), plan.removals.items(), strict=True
+        ):
+            copies = by_key.get(_hashable(tuple(typed.values())), [])
+            if len(copies) < len(removals):
+                image = plan.images[key]
+                raise TargetError(
+                    f"{image.shape.name}: {len(removals)} change(s) up to "
+                    f"{describe_seq(removals[-1])} remove a row the target holds "
+                    f"{len(copies)} time(s): "
+                    f"({', '.join(f'{k}={v}' for k, v in image.values.items())})"
+                )
+            if history:
+                assert starts is not None
+                copies.sort(key=lambda i: (starts[i]["commit_lsn"], starts[i]["ordinal"]))
+                take += copies
+                ends += [_seq(seq) for seq in removals] + [None] * (len(copies) - len(removals))
+            else:
+                take += copies[len(removals) :]
+        kept = current.take(pa.array(take, pa.int64()))
+        if history:
+            kept = _with_column(kept, END_AT, pa.array(ends, SEQUENCE_TYPE))
+        return kept
+
     def _append_rows(
         self,
         table: DeltaTable,
@@ -796,6 +1063,13 @@ def _tuple(image: Image, shape: Shape) -> TupleData:
 
 def _seq(seq: Seq | None) -> dict[str, int] | None:
     return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
+
+
+def _with_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """`table` with column `name` replaced by `values` (cast to the column's type)."""
+    at = table.schema.get_field_index(name)
+    field = table.schema.field(at)
+    return table.set_column(at, field, values.cast(field.type))
 
 
 def _pick(schema: pa.Schema, names: Iterable[str]) -> pa.Schema:

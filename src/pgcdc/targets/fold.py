@@ -9,7 +9,10 @@ a batch is typed and written once.
   identified by different columns cannot be folded together;
 * `fold_mirror` gives the net effect per key (SCD type 1): the rows to upsert and the keys to
   delete, after an optional truncation;
-* `fold_history` gives the versions to open and the target versions to close (SCD type 2).
+* `fold_history` gives the versions to open and the target versions to close (SCD type 2);
+* `fold_multiset` does both for a table under REPLICA IDENTITY FULL, where the key is the
+  whole row and identical rows are distinct copies: a mirror must hold as many copies as the
+  source, and deleting or updating one copy touches only one.
 
 An UPDATE's unchanged TOAST columns are resolved here when the batch itself knows their value
 (the old row under REPLICA IDENTITY FULL, or an earlier change to the same key); otherwise the
@@ -36,12 +39,15 @@ __all__ = [
     "Image",
     "Key",
     "MirrorPlan",
+    "MultisetPlan",
     "Seq",
     "Shape",
     "Version",
     "changes_from_envelope",
+    "describe_seq",
     "fold_history",
     "fold_mirror",
+    "fold_multiset",
     "segments",
 ]
 
@@ -160,7 +166,7 @@ def changes_from_envelope(rows: pa.Table) -> list[Change]:
             if op == "message":
                 continue
             seq = (data["commit_lsn"][i], data["ordinal"][i])
-            raise TargetError(f"unknown change op {op!r} at {_where(seq)}")
+            raise TargetError(f"unknown change op {op!r} at {describe_seq(seq)}")
         shape = shapes.get(fingerprint)
         if shape is None:
             shape = shapes[fingerprint] = _shape(rows, i)
@@ -209,7 +215,8 @@ class Image:
     lsn: int | None = None
 
 
-def _where(seq: Seq) -> str:
+def describe_seq(seq: Seq) -> str:
+    """A change's place, for messages."""
     return f"commit LSN {Lsn(seq[0])}, change {seq[1]}"
 
 
@@ -217,7 +224,7 @@ def _key_of(values: Text | None, shape: Shape, seq: Seq) -> Key:
     if not shape.key_names:  # no identity (REPLICA IDENTITY NOTHING): every row is its own
         return ("\0row", *seq)
     if values is None:
-        raise TargetError(f"{shape.name}: the change at {_where(seq)} carries no key")
+        raise TargetError(f"{shape.name}: the change at {describe_seq(seq)} carries no key")
     return tuple(values.get(name) for name in shape.key_names)
 
 
@@ -229,7 +236,7 @@ def _image_key(image: Image, seq: Seq) -> Key:
     if unknown:
         raise TargetError(
             f"{image.shape.name}: the key column(s) {', '.join(unknown)} of the change at "
-            f"{_where(seq)} are unchanged TOAST values the change does not carry"
+            f"{describe_seq(seq)} are unchanged TOAST values the change does not carry"
         )
     return _key_of(image.values, image.shape, seq)
 
@@ -245,7 +252,7 @@ def _identity(change: Change) -> Key:
     if not change.shape.key_names:
         raise TargetError(
             f"{change.shape.name} has no replica identity key: cannot apply the {change.op} "
-            f"at {_where(change.seq)}"
+            f"at {describe_seq(change.seq)}"
         )
     return _key_of(change.key, change.shape, change.seq)
 
@@ -402,4 +409,74 @@ def fold_history(changes: Iterable[Change]) -> HistoryPlan:
         else:  # delete
             plan.deletes += 1
             close(_identity(change), seq, _key_image(change.key, change))
+    return plan
+
+
+@dataclass(slots=True)
+class MultisetPlan:
+    """What a run of changes does to a table whose rows are a multiset (REPLICA IDENTITY FULL).
+
+    `versions`: the copies the run adds, in order (a mirror writes those still open; a
+    history writes them all). `removals`: per key, the sequences at which one of the target's
+    own copies goes (deleted, or its version ended), after the run's own copies of the key
+    went first (the latest first). `truncated_at`: the first truncation, which removes every
+    copy the target still holds then. `images`: each key's image, to match the target's
+    copies. `deletes`: the number of delete changes."""
+
+    versions: list[Version] = field(default_factory=list)
+    removals: dict[Key, list[Seq]] = field(default_factory=dict)
+    truncated_at: Seq | None = None
+    images: dict[Key, Image] = field(default_factory=dict)
+    deletes: int = 0
+
+    def open_versions(self) -> list[Version]:
+        return [v for v in self.versions if v.end is None]
+
+
+def fold_multiset(changes: Iterable[Change]) -> MultisetPlan:
+    """Count copies: an insert adds one, a delete removes one, an update removes one of the
+    old row and adds one of the new. A removal takes the run's latest open copy of the key if
+    it has one, else one of the target's."""
+    plan = MultisetPlan()
+    open_copies: dict[Key, list[int]] = {}  # key -> indexes of its open versions in the run
+
+    def add(change: Change, image: Image) -> None:
+        key = _image_key(image, change.seq)
+        plan.images.setdefault(key, _key_image(image.values, change))
+        open_copies.setdefault(key, []).append(len(plan.versions))
+        plan.versions.append(Version(key, image, change.seq))
+
+    def remove(change: Change) -> None:
+        key = _identity(change)
+        plan.images.setdefault(key, _key_image(change.key, change))
+        mine = open_copies.get(key)
+        if mine:
+            plan.versions[mine.pop()].end = change.seq
+        elif plan.truncated_at is not None:
+            raise TargetError(
+                f"{change.shape.name}: the {change.op} at {describe_seq(change.seq)} removes a row "
+                "that a truncation earlier in the batch already removed"
+            )
+        else:
+            plan.removals.setdefault(key, []).append(change.seq)
+
+    for change in changes:
+        op = change.op
+        if op == "truncate":
+            for indexes in open_copies.values():
+                for index in indexes:
+                    plan.versions[index].end = change.seq
+            open_copies.clear()
+            if plan.truncated_at is None:
+                plan.truncated_at = change.seq
+        elif op == "insert":
+            add(change, Image(dict(change.after or {}), change.shape, lsn=change.lsn))
+        elif op == "update":
+            # the old row is complete under identity FULL: unchanged TOAST values come from it
+            image = _new_image(change, _identity(change), None)
+            remove(change)
+            add(change, image)
+        else:
+            plan.deletes += 1
+            remove(change)
     return plan

@@ -1,0 +1,95 @@
+"""Columns added to a source table, and the value they have in the rows that existed before.
+
+``ALTER TABLE … ADD COLUMN c … DEFAULT x`` rewrites nothing and sends no change: the rows
+that existed hold x from then on (the catalog's missing value, ``pg_attribute.attmissingval``),
+and a volatile default rewrites the table, again without a change. A target learns of the
+column from the next change's relation (its Relation message) and must give every older row
+the value the source has, or it is no longer equal to its source.
+
+`added_columns` finds, in a batch, the columns that appear after a relation shape that lacked
+them (the previous batch's last shape, recorded with the target, or an earlier shape of the
+batch); `ColumnFill` is what a `FillSource` (the pipeline's, reading the source's catalog)
+says their value is; `fill_values` types it for rows of the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pgcdc.targets.fold import Shape
+from pgcdc.types.arrow import ArrowBatchBuilder
+
+__all__ = ["FILL_VALUE", "ColumnFill", "FillSource", "added_columns", "fill_texts", "fill_values"]
+
+#: The name of the value column in `ColumnFill.rows`.
+FILL_VALUE = "value"
+_FOUND, _ROW = "__pgcdc_fill", "__pgcdc_row"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnFill:
+    """The value an added column has in the rows that existed before it was added.
+
+    Either `text`, one value for every such row (the server's text; None: NULL), or `rows`:
+    per row, the table's key columns and the column (named `FILL_VALUE`), as the server's
+    text, read from the source table (a volatile default, or a table rewritten since)."""
+
+    text: str | None = None
+    rows: pa.Table | None = None
+
+
+#: Given the shape that has the column and the column's name, its value for older rows.
+FillSource = Callable[[Shape, str], ColumnFill]
+
+
+def added_columns(prior: Iterable[str] | None, shapes: Sequence[Shape]) -> dict[str, Shape]:
+    """The columns of `shapes` (a batch's relation shapes, in sequence order) that a shape
+    before them lacked: `prior` (the target's last shape; None for a new table), then each
+    shape of the batch. Maps each to the first shape that has it."""
+    added: dict[str, Shape] = {}
+    previous = None if prior is None else set(prior)
+    for shape in shapes:
+        names = {c.name for c in shape.columns}
+        if previous is not None:
+            for name in sorted(names - previous):
+                added.setdefault(name, shape)
+        previous = names
+    return added
+
+
+def fill_texts(
+    fill: ColumnFill, key_names: Sequence[str], keys: Iterable[dict[str, str | None]]
+) -> list[str | None]:
+    """The fill as text for rows given by their key values (text, by column name)."""
+    if fill.rows is None:
+        return [fill.text for _ in keys]
+    columns = [fill.rows.column(n).to_pylist() for n in (*key_names, FILL_VALUE)]
+    by_key = {tuple(row[:-1]): row[-1] for row in zip(*columns, strict=True)}
+    return [by_key.get(tuple(k.get(n) for n in key_names)) for k in keys]
+
+
+def fill_values(
+    builder: ArrowBatchBuilder, column: str, fill: ColumnFill, keys: pa.Table
+) -> pa.Array:
+    """The fill typed as `column` of `builder`'s relation, for the rows whose typed key
+    columns are `keys` (one value per row of `keys`; null where the source has no row)."""
+    position = {c.name: i for i, c in enumerate(builder.relation.columns)}
+    field = builder.schema.field(position[column])
+    if fill.rows is None:
+        text = None if fill.text is None else fill.text.encode()
+        value = builder.column_from_text(position[column], [text])[0]
+        return pa.repeat(value[0], keys.num_rows).cast(field.type)
+
+    def typed(name: str, source: str) -> pa.Array:
+        assert fill.rows is not None
+        texts = [None if v is None else v.encode() for v in fill.rows.column(source).to_pylist()]
+        return builder.column_from_text(position[name], texts)[0]
+
+    names = keys.column_names
+    found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: typed(column, FILL_VALUE)})
+    rows = pa.table({**{n: keys.column(n) for n in names}, _ROW: pa.array(range(keys.num_rows))})
+    joined = rows.join(found, names, join_type="left outer").sort_by(_ROW)
+    return joined.column(_FOUND).combine_chunks().cast(field.type)

@@ -1,0 +1,912 @@
+"""Randomized fault injection against the whole pipeline (`pgcdc run`): a real PostgreSQL 18
+server, local Spark in a child process, a seeded random workload running all the time, and
+the child SIGKILLed (its whole process group: Python, JVM, Python workers) at random moments
+and at deterministic crash points, and the server crash-restarted once.
+
+What must hold (the exactly-once promise):
+
+* after every kill, the slot invariant: no transaction is confirmed by the pipeline's slot
+  unless every target of every table it touched holds it (its commit LSN at or below the
+  target's watermark). A second "witness" slot, read through the SQL functions, gives every
+  transaction's commit LSN, end LSN and the tables it touched;
+* after a final catch-up run: every mirror equals its source table as a multiset, every
+  history table's current versions equal the source, no version is there twice, and no two
+  versions of a key overlap in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcdc.embedded import Database, EmbeddedServer, EmbeddedServerError, available_versions
+from spark.helpers import pipeline_config, verdicts
+
+pytestmark = pytest.mark.server
+
+CHILD = Path(__file__).with_name("fault_child.py")
+VERSION = 18
+SLOT, WITNESS, PUBLICATION = "fault_slot", "fault_witness", "fault_pub"
+APP_ID = "pgcdc:test"  # pipeline_config's name is "test"
+CRASH_EXIT = 3
+
+SCHEMA = f"""
+CREATE TABLE a (k int PRIMARY KEY, v text, n int);
+CREATE TABLE b (k1 int, k2 text, doc jsonb, n int, PRIMARY KEY (k1, k2));
+CREATE TABLE c (x int, y text, note text);
+ALTER TABLE c ALTER COLUMN note SET STORAGE EXTERNAL;
+ALTER TABLE c REPLICA IDENTITY FULL;
+CREATE PUBLICATION {PUBLICATION} FOR TABLE a, b, c;
+"""
+TABLES = {
+    "public.a": ["mirror", "history"],
+    "public.b": ["mirror", "history"],
+    "public.c": ["mirror", "history"],
+}
+#: The key of each table's history versions (None: identity FULL, the whole row).
+KEYS: dict[str, list[str] | None] = {"public.a": ["k"], "public.b": ["k1", "k2"], "public.c": None}
+
+A_KEYS, B_KEYS, C_KEYS = 4000, 400, 200  # the small transactions' key ranges
+BIG_BASE = 10_000  # big transactions' keys of a
+PREPARED_BASE = 1_000_000  # keys only prepared transactions insert (no one else locks them)
+SMALL_OPS = (
+    *("upsert_a", "update_a", "move_a", "delete_a", "upsert_b", "move_b", "delete_b"),
+    *("insert_c", "dup_c", "update_c_y", "update_one_c", "update_c_note", "delete_one_c"),
+    "delete_c",
+)
+NOTE_LEN = 3000  # > 2 kB: stored out of line (STORAGE EXTERNAL), unchanged by most updates
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+class Workload:
+    """A seeded random workload, run by a thread until stopped (bounded in steps and time).
+
+    Each step is one transaction: small ones (inserts, updates with the TOASTed column left
+    unchanged or not, deletes, key changes, identical duplicate rows under identity FULL),
+    big ones (thousands of rows: streamed with logical_decoding_work_mem = 64kB; some with a
+    rolled-back savepoint), savepoints rolled back, rolled-back transactions, two-phase ones
+    (PREPARE TRANSACTION, later COMMIT PREPARED or ROLLBACK PREPARED) and truncates. A server
+    crash in the middle is survived: the thread reconnects and goes on."""
+
+    def __init__(self, dsn: str, seed: int, *, max_steps: int, max_seconds: float) -> None:
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.max_steps = max_steps
+        self.max_seconds = max_seconds
+        self.stop_event = threading.Event()
+        self.steps = 0
+        self.committed = 0
+        self.interrupted = 0
+        self.counts: Counter[str] = Counter()
+        self.error: BaseException | None = None
+        self.pending: list[str] = []  # prepared, not yet committed or rolled back
+        self._gid = 0
+        self._prepared_key = PREPARED_BASE
+        self._thread = threading.Thread(target=self._run, name="fault-workload", daemon=True)
+        self.notes = ["".join(self.rng.choices(string.ascii_letters, k=NOTE_LEN)) for _ in range(8)]
+
+    # -- data
+
+    def note(self) -> str:
+        return self.rng.choice(self.notes)
+
+    def word(self) -> str:
+        return "".join(self.rng.choices(string.ascii_lowercase, k=self.rng.randint(1, 12)))
+
+    def preload(self) -> None:
+        """Rows that exist before the pipeline's first run (the initial copy copies them)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO a SELECT g, repeat(md5(g::text), 2), g FROM generate_series(0, 2999) g"
+            )
+            conn.execute(
+                "INSERT INTO b SELECT g / 3, (ARRAY['x', 'y', 'z'])[g % 3 + 1], "
+                "jsonb_build_object('g', g), g FROM generate_series(0, 899) g"
+            )
+            with conn.cursor() as cur:
+                rows = [
+                    (i % C_KEYS, f"y{i % 7}", self.notes[i % len(self.notes)]) for i in range(240)
+                ]
+                rows += rows[:40]  # identical duplicate rows
+                cur.executemany("INSERT INTO c VALUES (%s, %s, %s)", rows)
+            conn.execute("VACUUM ANALYZE a, b, c")  # relpages: the copy's chunks
+
+    # -- one step
+
+    def _small_op(self, cur: Any) -> None:
+        r = self.rng
+        op = r.choice(SMALL_OPS)
+        self.counts[op] += 1
+        k, k2, x = r.randrange(A_KEYS), r.randrange(A_KEYS), r.randrange(C_KEYS)
+        k1, (from_k2, to_k2) = r.randrange(B_KEYS), r.sample("xyzw", 2)
+        sql = {
+            "upsert_a": (
+                "INSERT INTO a VALUES (%s, %s, %s) ON CONFLICT (k) DO UPDATE "
+                "SET v = excluded.v, n = excluded.n",
+                (k, self.word(), r.randint(-1000, 1000)),
+            ),
+            "update_a": ("UPDATE a SET v = %s WHERE k = %s", (self.word(), k)),
+            "move_a": (
+                "UPDATE a SET k = %s WHERE k = %s AND NOT EXISTS (SELECT 1 FROM a WHERE k = %s)",
+                (k2, k, k2),
+            ),
+            "delete_a": ("DELETE FROM a WHERE k = %s", (k,)),
+            "upsert_b": (
+                "INSERT INTO b VALUES (%s, %s, jsonb_build_object('w', %s::text), %s) "
+                "ON CONFLICT (k1, k2) DO UPDATE SET doc = excluded.doc, n = excluded.n",
+                (r.randrange(B_KEYS), r.choice("xyz"), self.word(), r.randint(0, 99)),
+            ),
+            "move_b": (
+                "UPDATE b SET k2 = %s WHERE k1 = %s AND k2 = %s "
+                "AND NOT EXISTS (SELECT 1 FROM b WHERE k1 = %s AND k2 = %s)",
+                (to_k2, k1, from_k2, k1, to_k2),
+            ),
+            "delete_b": ("DELETE FROM b WHERE k1 = %s", (r.randrange(B_KEYS),)),
+            "insert_c": ("INSERT INTO c VALUES (%s, %s, %s)", (x, self.word(), self.note())),
+            "dup_c": ("INSERT INTO c SELECT * FROM c WHERE x = %s LIMIT 1", (x,)),
+            # the TOASTed note unchanged: absent from the new tuple, part of the FULL key
+            "update_c_y": ("UPDATE c SET y = %s WHERE x = %s", (self.word(), x)),
+            "update_one_c": (
+                "UPDATE c SET y = %s WHERE ctid = (SELECT ctid FROM c WHERE x = %s LIMIT 1)",
+                (self.word(), x),
+            ),
+            "update_c_note": ("UPDATE c SET note = %s WHERE x = %s", (self.note(), x)),
+            "delete_one_c": (
+                "DELETE FROM c WHERE ctid = (SELECT ctid FROM c WHERE x = %s LIMIT 1)",
+                (x,),
+            ),
+            "delete_c": ("DELETE FROM c WHERE x = %s", (x,)),
+        }[op]
+        cur.execute(*sql)
+
+    def _big(self, cur: Any) -> None:
+        r = self.rng
+        kind = r.choice(["insert_a", "update_a", "delete_a", "insert_c", "update_c"])
+        self.counts[f"big_{kind}"] += 1
+        if kind == "insert_a":
+            first = BIG_BASE + r.randrange(0, 20_000)
+            cur.execute(
+                "INSERT INTO a SELECT g, md5(g::text), g FROM generate_series(%s::int, %s::int) g "
+                "ON CONFLICT (k) DO UPDATE SET n = a.n + 1",
+                (first, first + r.randint(1000, 3000)),
+            )
+        elif kind == "update_a":
+            cur.execute("UPDATE a SET n = n + 1 WHERE k %% %s = %s", (3, r.randrange(3)))
+        elif kind == "delete_a":
+            first = BIG_BASE + r.randrange(0, 20_000)
+            cur.execute("DELETE FROM a WHERE k BETWEEN %s AND %s", (first, first + 3000))
+        elif kind == "insert_c":
+            cur.execute(
+                "INSERT INTO c SELECT g %% %s, 'big' || g, %s FROM generate_series(1, %s::int) g",
+                (C_KEYS, self.note(), r.randint(200, 500)),
+            )
+        else:  # every TOASTed note unchanged, in a streamed transaction
+            cur.execute("UPDATE c SET y = y || '+' WHERE x %% 2 = %s", (r.randrange(2),))
+        if r.random() < 0.5:  # and a big subtransaction rolled back
+            self.counts["big_rolled_back_savepoint"] += 1
+            cur.execute("SAVEPOINT big")
+            cur.execute(
+                "INSERT INTO a SELECT g, 'rolled back', 0 FROM generate_series(%s::int, %s::int) g "
+                "ON CONFLICT (k) DO UPDATE SET v = 'rolled back'",
+                (BIG_BASE + 40_000, BIG_BASE + 42_000),
+            )
+            cur.execute("ROLLBACK TO SAVEPOINT big")
+            self._small_op(cur)
+
+    def _prepared(self, cur: Any) -> None:
+        r = self.rng
+        self._gid += 1
+        gid = f"fault_{self._gid}"
+        key = self._prepared_key = self._prepared_key + 1
+        cur.execute("INSERT INTO a VALUES (%s, 'prepared', %s)", (key, self._gid))
+        cur.execute("INSERT INTO b VALUES (%s, 'p', '{\"prepared\": true}', %s)", (key, self._gid))
+        cur.execute("INSERT INTO c VALUES (%s, 'prepared', %s)", (key, self.note()))
+        if r.random() < 0.3:
+            cur.execute("UPDATE a SET v = 'prepared, updated' WHERE k = %s", (key,))
+        self.pending.append(gid)  # before PREPARE: a crash may leave it prepared
+        cur.execute(f"PREPARE TRANSACTION '{gid}'")
+        self.counts["prepare"] += 1
+
+    def resolve(self, cur: Any, gid: str, commit: bool) -> None:
+        verb = "COMMIT PREPARED" if commit else "ROLLBACK PREPARED"
+        self.counts["commit_prepared" if commit else "rollback_prepared"] += 1
+        with contextlib.suppress(psycopg.errors.UndefinedObject):  # never prepared (a crash)
+            cur.execute(f"{verb} '{gid}'")
+        self.pending.remove(gid)
+
+    def resolve_all(self, cur: Any, commit: bool = True) -> None:
+        for gid in list(self.pending):
+            self.resolve(cur, gid, commit)
+
+    def step(self, conn: psycopg.Connection[Any]) -> None:
+        r = self.rng
+        cur = conn.cursor()
+        if self.pending and r.random() < 0.25:
+            self.resolve(cur, r.choice(self.pending), r.random() < 0.7)
+            return
+        kind = r.choices(
+            ["small", "big", "savepoint", "abort", "prepared", "truncate"],
+            [70, 4, 8, 4, 8, 1.2],
+        )[0]
+        self.counts[kind] += 1
+        if kind == "truncate":
+            self.resolve_all(cur)  # a prepared transaction's locks would block the TRUNCATE
+        cur.execute("BEGIN")
+        if kind == "prepared":
+            self._prepared(cur)
+            return
+        if kind == "truncate":
+            cur.execute(f"TRUNCATE {r.choice(['b', 'c', 'b, c'])}")  # a keeps its pages: chunks
+            for _ in range(r.randint(0, 4)):
+                self._small_op(cur)
+        elif kind == "big":
+            self._big(cur)
+        elif kind == "savepoint":
+            self._small_op(cur)
+            cur.execute("SAVEPOINT s")
+            for _ in range(r.randint(1, 4)):
+                self._small_op(cur)
+            cur.execute("ROLLBACK TO SAVEPOINT s")
+            self._small_op(cur)
+        else:
+            for _ in range(r.randint(1, 5)):
+                self._small_op(cur)
+        cur.execute("ROLLBACK" if kind == "abort" else "COMMIT")
+        self.committed += kind != "abort"
+
+    # -- the thread
+
+    def _connect(self, timeout: float = 90) -> psycopg.Connection[Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                # a crash may have come before or after a PREPARE: ask the server
+                prepared = {
+                    gid
+                    for (gid,) in conn.execute(
+                        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+                    )
+                }
+                self.pending = [g for g in self.pending if g in prepared]
+                return conn
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self.stop_event.is_set():
+                    raise
+                time.sleep(0.2)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while (
+                not self.stop_event.is_set()
+                and self.steps < self.max_steps
+                and time.monotonic() < deadline
+            ):
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                try:
+                    self.step(conn)
+                except psycopg.OperationalError:  # the server crashed under us
+                    self.interrupted += 1
+                    conn.close()
+                    conn = None
+                self.steps += 1
+                self.stop_event.wait(self.rng.uniform(0.02, 0.12))
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread, then commit what is still prepared (two-phase transactions
+        survive crashes: pg_prepared_xacts says which)."""
+        self.stop_event.set()
+        self._thread.join(120)
+        assert not self._thread.is_alive(), "the workload thread did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the workload failed: {self.error!r}") from self.error
+        self.stop_event.clear()
+        with self._connect() as conn:
+            self.resolve_all(conn.cursor())
+
+    def describe(self) -> str:
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        return (
+            f"{self.steps} steps, {self.committed} committed, {self.interrupted} cut by the "
+            f"crash ({ops})"
+        )
+
+
+# ----------------------------------------------------------------------------- witness
+
+
+@dataclass
+class Witness:
+    """A second pgoutput slot, read (and consumed) through the SQL functions: every
+    committed transaction's commit LSN, end LSN and the published tables it touched."""
+
+    dsn: str
+    #: end LSN -> (commit LSN, tables touched)
+    transactions: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    relations: dict[int, str] = field(default_factory=dict)
+
+    def create(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (WITNESS,))
+
+    def drain(self) -> None:
+        from pgcdc.protocol import Commit, Delete, Insert, Relation, Truncate, Update
+        from pgcdc.replication.options import StreamOptions
+        from pgcdc.replication.sql_transport import SqlTransport
+
+        options = StreamOptions((PUBLICATION,), proto_version=1)
+        touched: set[int] = set()
+        with SqlTransport(self.dsn, WITNESS, options) as transport:
+            for change in transport.changes(consume=True):
+                message = change.message
+                if isinstance(message, Relation):
+                    self.relations[message.relid] = f"{message.namespace}.{message.relname}"
+                elif isinstance(message, Insert | Update | Delete):
+                    touched.add(message.relid)
+                elif isinstance(message, Truncate):
+                    touched.update(message.relids)
+                elif isinstance(message, Commit):
+                    # after a server crash the slot may deliver a transaction again: same key
+                    names = frozenset(self.relations[r] for r in touched)
+                    self.transactions[int(message.end_lsn)] = (int(message.commit_lsn), names)
+                    touched = set()
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _show(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 40:
+        return f"<{len(value)} chars {value[:12]}…{value[-6:]} #{hash(value) & 0xFFFF:04x}>"
+    if isinstance(value, dict):
+        return {k: _show(v) for k, v in value.items()}
+    return value
+
+
+def _row_key(row: dict[str, Any], names: list[str]) -> str:
+    return repr(tuple(row[n] for n in names))
+
+
+@dataclass
+class TargetCheck:
+    target: str  # "public.a mirror"
+    source_rows: int = 0
+    target_rows: int = 0
+    lost: int = 0  # source rows the target lacks
+    duplicated: int = 0  # rows the target holds more often than the source
+    extra: int = 0  # rows the source does not have at all
+    source_copies: int = 0  # source rows identical to another one (identity FULL)
+    rows: list[str] = field(default_factory=list)  # the rows that differ
+    versions: list[str] = field(default_factory=list)  # history: versions twice, overlaps
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.extra or self.versions)
+
+    def short(self) -> str:
+        text = f"{self.target} lost {self.lost} dup {self.duplicated} extra {self.extra}"
+        if self.source_copies:
+            text += f" (source: {self.source_copies} rows with an identical twin)"
+        return text + (f" bad versions {len(self.versions)}" if self.versions else "")
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.target}: source {self.source_rows} rows, target {self.target_rows}; "
+            f"lost {self.lost}, duplicated {self.duplicated}, extra {self.extra}, "
+            f"{len(self.versions)} version problems"
+        )
+        return "\n    ".join([head, *self.rows[:10], *self.versions[:10]])
+
+
+def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
+    import pyarrow.compute as pc
+
+    from pgcdc.spark.verify import source_rows
+    from pgcdc.targets import DeltaTarget
+
+    check = TargetCheck(f"{table} {mode}")
+    source = source_rows(dsn, table)
+    names = source.column_names
+    target = DeltaTarget(path, mode, app_id=APP_ID)
+    data = target.to_arrow() if target.exists else None
+    if data is not None and mode == "history":
+        _check_versions(check, data, names, KEYS[table])
+        data = data.filter(pc.is_null(data.column("__END_AT")))
+    rows = [] if data is None else data.select(names).to_pylist()
+    want = Counter(_row_key(r, names) for r in source.to_pylist())
+    got = Counter(_row_key(r, names) for r in rows)
+    shown = {_row_key(r, names): r for r in [*source.to_pylist(), *rows]}
+    check.source_rows, check.target_rows = source.num_rows, len(rows)
+    check.source_copies = sum(n for n in want.values() if n > 1)
+    for row, n in (want - got).items():
+        check.lost += n
+        check.rows.append(f"lost {n} (source {want[row]}, target {got[row]}): {_show(shown[row])}")
+    for row, n in (got - want).items():
+        if row in want:
+            check.duplicated += n
+            what = f"duplicated {n} (source {want[row]}, target {got[row]})"
+        else:
+            check.extra += n
+            what = f"extra {n}"
+        check.rows.append(f"{what}: {_show(shown[row])}")
+    return check
+
+
+def _seq(value: dict[str, int] | None) -> tuple[int, int] | None:
+    return None if value is None else (value["commit_lsn"], value["ordinal"])
+
+
+def _check_versions(
+    check: TargetCheck, history: Any, names: list[str], key: list[str] | None
+) -> None:
+    """No version twice; for a keyed table, the versions of a key follow one another: each
+    ends after it starts and no later than the next one starts, only the last is current."""
+    versions = history.to_pylist()
+    # every version, copied ones too (each its own ordinal), is there once
+    seen = Counter((_row_key(v, names), _seq(v["__START_AT"])) for v in versions)
+    for (row, start), n in seen.items():
+        if n > 1:
+            check.versions.append(f"version written {n} times, start {start}: {row[:120]}")
+    if key is None:
+        return
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for v in versions:
+        by_key.setdefault(_row_key(v, key), []).append(v)
+    for k, vs in by_key.items():
+        vs.sort(key=lambda v: _seq(v["__START_AT"]))
+        for i, v in enumerate(vs):
+            start, end = _seq(v["__START_AT"]), _seq(v["__END_AT"])
+            if end is not None and end <= start:
+                check.versions.append(f"key {k}: version ends {end} before it starts {start}")
+            if i + 1 < len(vs):
+                following = _seq(vs[i + 1]["__START_AT"])
+                if end is None or end > following:
+                    check.versions.append(
+                        f"key {k}: versions overlap: {start}..{end} and the next from "
+                        f"{following} ({_show(v)} / {_show(vs[i + 1])})"
+                    )
+
+
+def copy_status(lake: Path) -> str | None:
+    state = lake / "_pgcdc" / "test" / "snapshot.json"
+    return json.loads(state.read_text())["status"] if state.exists() else None
+
+
+def watermarks(config: dict[str, Any]) -> dict[tuple[str, str], int | None]:
+    from pgcdc.spark.config import parse_config
+    from pgcdc.targets import DeltaTarget
+
+    return {
+        (spec.table, spec.mode): DeltaTarget(spec.path, spec.mode, app_id=APP_ID).watermark
+        for spec in parse_config(config).targets()
+    }
+
+
+Marks = dict[tuple[str, str], int | None]
+
+
+def find_violations(
+    confirmed: int, transactions: dict[int, tuple[int, frozenset[str]]], marks: Marks
+) -> tuple[Counter[tuple[str, str]], list[str]]:
+    """The slot invariant, as data: every transaction whose end LSN is at or below the
+    slot's `confirmed` position and that touched table X must be held by each target of X
+    (`marks`: (table, mode) -> watermark): commit LSN at or below the watermark. Returns the
+    (transaction, target) pairs checked per target and the violations."""
+    from pgcdc.protocol import Lsn
+
+    checked: Counter[tuple[str, str]] = Counter()
+    problems = []
+    for end, (commit, tables) in sorted(transactions.items()):
+        if end > confirmed:
+            break
+        for (table, mode), mark in marks.items():
+            if table not in tables:
+                continue
+            checked[table, mode] += 1
+            if mark is None or commit > mark:
+                problems.append(
+                    f"slot confirmed {Lsn(confirmed)} past the transaction committed at "
+                    f"{Lsn(commit)} (end {Lsn(end)}) touching {table}, but its {mode} target "
+                    f"holds only up to {'nothing' if mark is None else Lsn(mark)}"
+                )
+    return checked, problems
+
+
+def slot_violations(
+    dsn: str, lake: Path, config: dict[str, Any], witness: Witness
+) -> tuple[str, Counter[tuple[str, str]], list[str]]:
+    """`find_violations` on the pipeline's slot and targets now: what was checked, the pairs
+    checked per target and the violations."""
+    from pgcdc.errors import SlotNotFound
+    from pgcdc.protocol import Lsn
+    from pgcdc.replication.slots import get_slot
+
+    try:
+        confirmed = get_slot(dsn, SLOT).confirmed_flush_lsn
+    except SlotNotFound:
+        return "no slot yet", Counter(), []
+    witness.drain()  # after reading the slot: everything it could have confirmed is in
+    status = copy_status(lake)
+    if confirmed is None:
+        return "slot without a confirmed position", Counter(), []
+    if status != "done":
+        # The copy did not finish: the next run drops the slot and copies again; nothing has
+        # been streamed from it.
+        return f"copy {status}, slot at {confirmed}: not checked", Counter(), []
+    marks = watermarks(config)
+    checked, problems = find_violations(int(confirmed), witness.transactions, marks)
+    shown = ", ".join(f"{t} {m} {None if w is None else Lsn(w)}" for (t, m), w in marks.items())
+    return (
+        f"slot at {confirmed}, {sum(checked.values())} (transaction, target) pairs; "
+        f"watermarks {shown}",
+        checked,
+        problems,
+    )
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    """One child process, its output in a file."""
+
+    number: int
+    kind: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def lines(self) -> list[str]:
+        return self.output().splitlines()
+
+    def events(self, prefix: str) -> int:
+        return sum(line.startswith(prefix) for line in self.lines())
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.lines()[-n:])
+
+    def wait_for(self, done: Callable[[Run], bool], timeout: float) -> bool:
+        """Until `done(self)`, the process exits or `timeout`; whether `done` held."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done(self):
+                return True
+            if self.proc.poll() is not None:
+                return done(self)
+            time.sleep(0.05)
+        return False
+
+    def kill(self) -> int:
+        """SIGKILL the whole process group (also when the leader already exited: the JVM
+        and Python workers it started are in the group); its exit status."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(timeout=60)
+
+
+def start_child(config: dict[str, Any], log: Path, number: int, kind: str, *extra: str) -> Run:
+    # what killed processes leave (spool, Spark's local dirs) stays in the test's directory
+    scratch = log.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(__file__).parents[1]),
+        TMPDIR=str(scratch),
+        SPARK_LOCAL_DIRS=str(scratch),
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), json.dumps(config), *extra],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Run(number, kind, proc, log)
+
+
+def wait_inactive(dsn: str, timeout: float = 30) -> None:
+    """Until no walsender holds the pipeline's slot (its last status update is in)."""
+    from pgcdc.errors import PgcdcError
+    from pgcdc.replication.slots import get_slot
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not get_slot(dsn, SLOT).active:
+                return
+        except PgcdcError:
+            return
+        time.sleep(0.1)
+
+
+@dataclass
+class Scenario:
+    seed: int
+    kills: int  # crash points and SIGKILLs before the final catch-up
+    restart: bool  # crash-restart the server (-m immediate) during one of the runs
+    budget: float  # seconds for everything but the final catch-up and the checks
+
+
+def schedule(s: Scenario, rng: random.Random) -> list[str]:
+    """The runs' kinds: the deterministic slot-created crash first, then crashes in the
+    initial copy (it starts again each time), then in the stream."""
+    copy = (
+        ["copy-timed", "crash-chunk"]
+        if s.kills >= 8
+        else [rng.choice(["copy-timed", "crash-chunk"])]
+    )
+    copy += ["copy-timed"] * max(0, s.kills // 5 - 1)
+    stream_kinds = ["stream-timed", "crash-batch", "stream-after-batches"]
+    rest = [stream_kinds[i % 3] for i in range(s.kills - 1 - len(copy))]
+    rng.shuffle(rest)
+    return ["crash-slot-created", *copy, *rest]
+
+
+@dataclass
+class Outcome:
+    kills: int = 0
+    crash_points: int = 0
+    restarts: int = 0
+    invariant_checks: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+
+def run_scenario(s: Scenario, tmp_path: Path, record_property: Callable[[str, Any], None]) -> None:
+    if VERSION not in available_versions():
+        pytest.skip(f"PostgreSQL {VERSION} is not installed")
+    selected = os.environ.get("PGCDC_TEST_PG_VERSIONS", "").replace(",", " ").split()
+    if selected and str(VERSION) not in selected:
+        pytest.skip(f"PostgreSQL {VERSION} not selected by PGCDC_TEST_PG_VERSIONS")
+    settings = {"logical_decoding_work_mem": "64kB", "max_prepared_transactions": 20}
+    try:
+        server = EmbeddedServer(VERSION, settings=settings).start()
+    except EmbeddedServerError as exc:
+        pytest.skip(f"PostgreSQL {VERSION} does not start here: {exc}")
+    started = time.monotonic()
+    try:
+        db = server.create_database()
+        _scenario(s, server, db, tmp_path, started, record_property)
+    finally:
+        server.stop("immediate")
+
+
+def _scenario(
+    s: Scenario,
+    server: EmbeddedServer,
+    db: Database,
+    tmp_path: Path,
+    t0: float,
+    record_property: Callable[[str, Any], None],
+) -> None:
+    rng = random.Random(s.seed * 7919 + 1)
+    lake = tmp_path / "lake"
+    db.execute(SCHEMA)
+    workload = Workload(db.dsn, s.seed, max_steps=4000, max_seconds=s.budget + 60)
+    workload.preload()
+    witness = Witness(db.dsn)
+    witness.create()
+    config = pipeline_config(db, SLOT, PUBLICATION, lake, TABLES, max_changes_per_batch=1500)
+    config["source"]["create_slot"] = True
+    config["snapshot"] = {"chunk_blocks": 4}
+    continuous = json.loads(json.dumps(config))
+    continuous["trigger"]["available_now"] = False
+    continuous["trigger"]["interval"] = "0.3 seconds"
+
+    outcome = Outcome()
+    kinds = schedule(s, rng)
+    restart_run = None
+    if s.restart:  # in the middle of a streaming run, while the child is connected
+        streaming = [i for i, k in enumerate(kinds, 1) if k.startswith("stream-")]
+        restart_run = rng.choice(streaming[len(streaming) // 2 :] or [len(kinds)])
+        kinds[restart_run - 1] = "stream-after-batches"
+    workload.start()
+    runs: list[Run] = []
+
+    def note(line: str) -> None:
+        outcome.log.append(f"[{time.monotonic() - t0:6.1f}s] {line}")
+
+    try:
+        for number, kind in enumerate(kinds, 1):
+            extra: tuple[str, ...] = ()
+            if kind == "crash-slot-created":
+                extra = ("--crash-at", "slot-created")
+            elif kind == "crash-chunk":
+                extra = ("--crash-at", "chunk", str(rng.randint(1, 8)))
+            elif kind == "crash-batch":
+                extra = ("--crash-at", "batch", str(rng.randint(1, 4)))
+            run = start_child(continuous, tmp_path / f"run{number}.log", number, kind, *extra)
+            runs.append(run)
+            note(f"run {number}: {kind} {' '.join(extra)}")
+            ready = run.wait_for(lambda r: r.events("spark ready") > 0, 90)
+            if not ready:
+                outcome.unexpected.append(f"run {number} ({kind}): no Spark in 90 s")
+            restarted = False
+            if kind.startswith("crash-"):
+                # it dies by itself at the crash point (a chunk crash point never comes
+                # once the copy is done: then it is killed at its first batch)
+                copy_done = kind == "crash-chunk"
+                run.wait_for(lambda r, c=copy_done: c and r.events("batch ") > 0, 90)
+                if number == restart_run:
+                    restarted = _restart(server, outcome, note)
+            elif kind == "copy-timed":
+                # somewhere in the initial copy (if it is not done): after the slot was
+                # created again, before or during the chunks
+                run.wait_for(lambda r: r.events("slot created") + r.events("batch ") > 0, 90)
+                run.wait_for(lambda r: False, rng.uniform(0.2, 4.0))
+            else:
+                wanted = 1 if kind == "stream-timed" else rng.randint(2, 6)
+                run.wait_for(lambda r, n=wanted: r.events("batch ") >= n, 90)
+                if number == restart_run:
+                    restarted = _restart(server, outcome, note)
+                    # the child reconnects (or fails); give it time to apply more batches
+                    run.wait_for(lambda r: False, rng.uniform(3.0, 8.0))
+                else:
+                    run.wait_for(
+                        lambda r: False, rng.uniform(0.0, 3.0 if kind != "stream-timed" else 5.0)
+                    )
+            alive = run.proc.poll() is None
+            code = run.kill()
+            if alive:
+                outcome.kills += 1
+                note(f"run {number}: SIGKILL after {time.monotonic() - run.started:.1f}s")
+            elif code == CRASH_EXIT and run.events("crash at") > 0:
+                outcome.crash_points += 1
+                note(f"run {number}: {[ln for ln in run.lines() if ln.startswith('crash at')][-1]}")
+            elif not restarted:
+                outcome.unexpected.append(
+                    f"run {number} ({kind}) exited {code} by itself:\n{run.tail(25)}"
+                )
+                note(f"run {number}: exited {code} unexpectedly")
+            else:  # not a loss: the next run resumes; but say so
+                error = [ln for ln in run.lines() if "Error" in ln or "error" in ln][-1:]
+                note(f"run {number}: exited {code} after the server restart: {error}")
+            note(f"run {number}: last lines: {' | '.join(run.lines()[-3:])}")
+            wait_inactive(db.dsn)
+            checked, _, problems = slot_violations(db.dsn, lake, config, witness)
+            outcome.invariant_checks.append(f"after run {number}: {checked}")
+            note(f"run {number}: invariant: {checked}; {len(problems)} violations")
+            outcome.violations += [f"after run {number} ({kind}): {p}" for p in problems[:10]]
+            if workload.error is not None:
+                break  # stop() raises it
+            if time.monotonic() - t0 > s.budget:
+                note(f"time budget of {s.budget:.0f}s spent after {number} runs")
+                break
+        if s.restart and outcome.restarts == 0:  # the budget ran out before its turn
+            _restart(server, outcome, note)
+    finally:
+        workload.stop()
+    note(f"workload: {workload.describe()}")
+
+    final = start_child(config, tmp_path / "final.log", 0, "final")
+    runs.append(final)
+    finished = final.wait_for(lambda r: False, 240) or final.proc.poll() is not None
+    code = final.kill()
+    caught_up = finished and code == 0 and final.events("caught up") > 0
+    note(f"final run: exit {code}: {' | '.join(final.lines()[-2:])}")
+    wait_inactive(db.dsn)
+    checked, pairs, problems = slot_violations(db.dsn, lake, config, witness)
+    outcome.invariant_checks.append(f"after the final run: {checked}")
+    outcome.violations += [f"after the final run: {p}" for p in problems[:10]]
+    # not vacuous: once caught up, the slot is past transactions of every target's table
+    outcome.violations += [
+        f"after the final run: the invariant covered no transaction of {t} {m}"
+        for (t, m) in watermarks(config)
+        if caught_up and not pairs[t, m]
+    ]
+
+    from pgcdc.spark.config import parse_config
+
+    checks = [
+        check_target(db.dsn, spec.table, spec.mode, spec.path)
+        for spec in parse_config(config).targets()
+    ]
+    summary = (
+        f"seed {s.seed}: {outcome.kills} SIGKILLs + {outcome.crash_points} crash points, "
+        f"{outcome.restarts} server crash-restarts, {len(witness.transactions)} transactions; "
+        + "; ".join(c.short() for c in checks)
+    )
+    print(summary)
+    record_property("fault_injection", summary)
+    failed = (
+        not caught_up or outcome.violations or outcome.unexpected or not all(c.ok for c in checks)
+    )
+    if failed:
+        report = [summary, "", "timeline:", *outcome.log, ""]
+        if not caught_up:
+            report += [f"the final catch-up did not finish (exit {code}):", final.tail(60), ""]
+        if outcome.violations:
+            report += ["slot invariant violations:", *outcome.violations[:20], ""]
+        if outcome.unexpected:
+            report += ["unexpected exits:", *outcome.unexpected[:5], ""]
+        report += ["targets:", *(str(c) for c in checks), ""]
+        with contextlib.suppress(Exception):
+            report += [
+                "verdicts of pgcdc.spark.verify (its 'duplicated version' also counts identical"
+                " rows copied together under identity FULL, which the checks above allow):",
+                *(f"  {v}" for v in verdicts(db, config)),
+            ]
+        report += ["", "final run's output (tail):", final.tail(40)]
+        pytest.fail("\n".join(str(line) for line in report), pytrace=False)
+
+
+def _restart(server: EmbeddedServer, outcome: Outcome, note: Callable[[str], None]) -> bool:
+    note("server: restart -m immediate")
+    server.restart(mode="immediate")
+    outcome.restarts += 1
+    note("server: up again")
+    return True
+
+
+DEFAULT = [
+    pytest.param(Scenario(seed=1, kills=4, restart=True, budget=80), id="default-1"),
+    pytest.param(Scenario(seed=2, kills=4, restart=False, budget=80), id="default-2"),
+]
+SLOW = [
+    pytest.param(
+        Scenario(seed=seed, kills=10, restart=True, budget=220),
+        id=f"slow-{seed}",
+        marks=pytest.mark.slow,
+    )
+    for seed in (11, 12)
+]
+
+
+@pytest.mark.parametrize("scenario", DEFAULT + SLOW)
+def test_kills_and_a_server_crash_lose_and_duplicate_nothing(
+    scenario: Scenario, tmp_path: Path, record_property: Callable[[str, Any], None]
+) -> None:
+    run_scenario(scenario, tmp_path, record_property)
+
+
+def test_the_slot_invariant_check_sees_a_violation() -> None:
+    """The check itself (no server): a slot confirmed past a transaction that one target
+    does not hold is a violation; a transaction past the slot or of another table is not."""
+    transactions = {
+        200: (190, frozenset({"public.a"})),
+        300: (290, frozenset({"public.a", "public.b"})),
+        400: (390, frozenset({"public.b"})),
+    }
+    marks: Marks = {("public.a", "mirror"): 290, ("public.b", "history"): 250}
+    checked, problems = find_violations(300, transactions, marks)
+    assert checked == {("public.a", "mirror"): 2, ("public.b", "history"): 1}
+    assert len(problems) == 1 and "0/122 (end 0/12C) touching public.b" in problems[0]
+    assert find_violations(299, transactions, marks)[1] == []
+    marks["public.b", "history"] = None  # a target that holds nothing
+    assert len(find_violations(300, transactions, marks)[1]) == 1

@@ -21,6 +21,7 @@ __all__ = [
     "PluginOptionError",
     "ProtocolError",
     "PublicationNotFound",
+    "RecordError",
     "ReplicationError",
     "ApplyError",
     "SchemaChangeError",
@@ -125,6 +126,16 @@ class UnknownRelation(ProtocolError):
 
 class ColumnCountMismatch(ProtocolError):
     """A TupleData's column count differs from its Relation's."""
+
+
+class RecordError(PgcdcError):
+    """A framed record (`pgcdc.records`) that is truncated or damaged, at byte `offset` of
+    its file. Capture, spill and spool readers report it with their file's name."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"record at byte {offset}: {reason}")
 
 
 class CaptureError(PgcdcError):

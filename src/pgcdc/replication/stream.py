@@ -10,7 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from pgcdc.errors import PublicationNotFound, UnsupportedOption
+from pgcdc.errors import (
+    InvalidStartPosition,
+    PublicationNotFound,
+    SlotPluginMismatch,
+    UnsupportedOption,
+)
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -92,6 +97,13 @@ class LogicalStream:
 
     def start(self) -> None:
         self.identity = self.conn.identify_system()
+        if self.start_lsn > self.identity.xlogpos:
+            # The server would start there and the slot would be confirmed past every change
+            # in between, unsent: refuse instead.
+            raise InvalidStartPosition(
+                f"start position {self.start_lsn} is past the server's WAL end "
+                f"{self.identity.xlogpos} (slot {self.slot!r}); nothing was confirmed"
+            )
         if self.until_idle and self.endpos is None:
             self.endpos = self.identity.xlogpos
         self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
@@ -122,18 +134,27 @@ class LogicalStream:
                 f"publication {', '.join(map(repr, missing))} does not exist "
                 f"in database {database!r}"
             )
-        proto = self.options.proto_version or 1
-        if self.conn.server_version >= 140000 and proto < 3:
-            rows = self.conn.execute(
-                "SELECT two_phase FROM pg_catalog.pg_replication_slots "
-                f"WHERE slot_name = {literal(self.slot)}",
-                "checking the slot",
+        two_phase = "two_phase" if self.conn.server_version >= 140000 else "false"
+        rows = self.conn.execute(
+            f"SELECT slot_type, plugin, {two_phase} FROM pg_catalog.pg_replication_slots "
+            f"WHERE slot_name = {literal(self.slot)}",
+            "checking the slot",
+        )
+        if not rows:
+            return  # START_REPLICATION says that the slot does not exist
+        slot_type, plugin, decodes_prepared = rows[0]
+        if slot_type != "logical" or plugin != "pgoutput":
+            kind = f"uses output plugin {plugin}" if plugin else f"is a {slot_type} slot"
+            raise SlotPluginMismatch(
+                f"slot {self.slot!r} {kind}; pgcdc needs a logical slot of plugin pgoutput "
+                "(pgcdc slot create NAME makes one)"
             )
-            if rows and rows[0][0] == "t":
-                raise UnsupportedOption(
-                    f"slot {self.slot!r} decodes prepared transactions (two-phase), which "
-                    f"needs proto_version 3 or higher; {proto} was requested"
-                )
+        proto = self.options.proto_version or 1
+        if decodes_prepared == "t" and proto < 3:
+            raise UnsupportedOption(
+                f"slot {self.slot!r} decodes prepared transactions (two-phase), which "
+                f"needs proto_version 3 or higher; {proto} was requested"
+            )
 
     def confirm(self, lsn: Lsn) -> None:
         """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""

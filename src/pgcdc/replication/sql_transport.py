@@ -50,7 +50,7 @@ class SqlTransport:
     def _run(self, query: str, params: tuple, doing: str) -> list[tuple]:
         try:
             with self.conn.cursor(binary=True) as cur:
-                cur.execute(query, params)  # type: ignore[arg-type]
+                cur.execute(query, params)
                 return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             diag = exc.diag

@@ -297,13 +297,15 @@ class TransactionOutput:
     """What `tail` writes. With `hold`, a transaction's output reaches the file only once the
     transaction is complete (`commit`): one cut off by a lost connection is sent again whole
     by the next session, and is then written once (`discard` drops the part). Held output
-    stays in memory up to `memory_limit` bytes, the rest in a temporary file."""
+    stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file is made
+    durable (`sync`, one fsync) before each status update that may move the slot, not after
+    every transaction."""
 
     def __init__(
         self, out: BinaryIO, *, hold: bool, memory_limit: int, spill_dir: str | None
     ) -> None:
         self.out = out
-        self.sync = out is not sys.stdout.buffer
+        self.file = out is not sys.stdout.buffer
         self.held: tempfile.SpooledTemporaryFile[bytes] | None = None
         if hold:
             self.held = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (closed by close())
@@ -315,14 +317,18 @@ class TransactionOutput:
             (self.out if self.held is None else self.held).write(data)
 
     def commit(self) -> None:
-        """Everything written so far is complete: write it out and make it durable."""
+        """Everything written so far is complete: write it out (`sync` makes it durable)."""
         with self._reporting():
             if self.held is not None and self.held.tell():
                 self.held.seek(0)
                 shutil.copyfileobj(self.held, self.out)
                 self.discard()
             self.out.flush()
-            if self.sync:
+
+    def sync(self) -> None:
+        """Make what was committed durable (before the slot is confirmed past it)."""
+        if self.file:
+            with self._reporting():
                 os.fsync(self.out.fileno())
 
     @contextlib.contextmanager
@@ -345,7 +351,7 @@ class TransactionOutput:
     def close(self) -> None:
         if self.held is not None:
             self.held.close()
-        if self.sync:
+        if self.file:
             self.out.close()
 
 
@@ -477,6 +483,7 @@ def tail(
         "reconnect_timeout": reconnect_timeout,
         "on_retry": _show_retry,
         "on_session": lambda _stream: out.discard(),
+        "before_status": out.sync,
     }
     try:
         created = _maybe_create_slot(kwargs)

@@ -84,6 +84,7 @@ class ReplicationClient:
         on_session: Callable[[LogicalStream], None] | None = None,
         on_retry: Callable[[RetryState], None] | None = None,
         acknowledge: bool = True,
+        before_status: Callable[[], None] | None = None,
     ) -> None:
         _check_seconds("status_interval", status_interval, positive=True)
         _check_seconds("reconnect_timeout", reconnect_timeout, positive=False)
@@ -101,6 +102,7 @@ class ReplicationClient:
         self.on_frame = on_frame
         self.on_session = on_session
         self.on_retry = on_retry
+        self.before_status = before_status
         self.acknowledge = acknowledge
         self.stream: LogicalStream | None = None
         self.sessions = 0
@@ -136,6 +138,7 @@ class ReplicationClient:
                 endpos=self.endpos,
                 until_idle=self.until_idle and self.sessions == 0,
                 on_frame=self.on_frame,
+                before_status=self.before_status,
                 acknowledge=self.acknowledge,
             )
             stream.start()

@@ -70,6 +70,7 @@ class LogicalStream:
         until_idle: bool = False,
         on_frame: Callable[[bytes], None] | None = None,
         acknowledge: bool = True,
+        before_status: Callable[[], None] | None = None,
     ) -> None:
         self.conn = conn
         self.slot = slot
@@ -80,6 +81,9 @@ class LogicalStream:
         self.endpos = endpos
         self.until_idle = until_idle
         self.on_frame = on_frame
+        #: Called before each status update that may move the slot: a consumer that confirms
+        #: what it wrote but syncs it in batches makes it durable here (e.g. one fsync).
+        self.before_status = before_status
         self.acknowledge = acknowledge
         self.tracker = AckTracker(confirmed=self.start_lsn, received=self.start_lsn)
         self.decoder = Decoder(self.options.proto_version, self.options.streaming)
@@ -166,6 +170,8 @@ class LogicalStream:
 
     def send_status(self, reply_requested: bool = False) -> None:
         tracker = self.tracker
+        if self.acknowledge and self.before_status is not None:
+            self.before_status()
         # Flush 0 leaves the slot where it is (the server ignores a zero flush position).
         flush = tracker.flush_lsn if self.acknowledge else INVALID_LSN
         update = StandbyStatusUpdate(

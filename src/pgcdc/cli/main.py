@@ -271,15 +271,22 @@ def _show_retry(state: RetryState) -> None:
     )
 
 
+def _position_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Where the stream starts and stops, and how often it reports: a client's arguments."""
+    return {
+        "start_lsn": kwargs["startpos"] or INVALID_LSN,
+        "endpos": kwargs["endpos"],
+        "until_idle": kwargs["until_idle"],
+        "status_interval": kwargs["status_interval"],
+    }
+
+
 def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
     return ReplicationClient(
         kwargs["conninfo"],
         kwargs["slot"],
         _options_from(kwargs),
-        start_lsn=kwargs["startpos"] or INVALID_LSN,
-        endpos=kwargs["endpos"],
-        until_idle=kwargs["until_idle"],
-        status_interval=kwargs["status_interval"],
+        **_position_arguments(kwargs),
         **extra,
     )
 
@@ -538,10 +545,7 @@ def _tail_plugin(
         memory_limit=memory_limit,
         spill_dir=spill_dir,
         streaming=kwargs["streaming"],
-        start_lsn=kwargs["startpos"] or INVALID_LSN,
-        endpos=kwargs["endpos"],
-        until_idle=kwargs["until_idle"],
-        status_interval=kwargs["status_interval"],
+        **_position_arguments(kwargs),
         **client_options,
     )
     try:

@@ -54,7 +54,8 @@ def _check_seconds(name: str, value: float | None, *, positive: bool) -> None:
     if value is None:
         return
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number of seconds above 0, got {value}")
+        least = "above 0" if positive else "0 or more"
+        raise ValueError(f"{name} must be a finite number of seconds {least}, got {value}")
 
 
 class ReplicationClient:
@@ -189,11 +190,12 @@ class ReplicationClient:
                         f"{'s' if attempts > 1 else ''}; the limit is "
                         f"{self.reconnect_timeout:.0f} s): {exc}"
                     ) from None
+                left = self._time_left(lost_since)
+                pause = backoff if left is None else min(backoff, left)
                 if self.on_retry is not None:
-                    left = self._time_left(lost_since)
-                    self.on_retry(RetryState(attempts, down_for, left, backoff, str(exc)))
-                log.info("reconnecting in %.1fs: %s", backoff, exc)
-                time.sleep(min(backoff, self._time_left(lost_since) or backoff))
+                    self.on_retry(RetryState(attempts, down_for, left, pause, str(exc)))
+                log.info("reconnecting in %.1fs: %s", pause, exc)
+                time.sleep(pause)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
             if lost_since is not None:

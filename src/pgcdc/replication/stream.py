@@ -119,9 +119,10 @@ class LogicalStream:
         """Refuse, before streaming, what would otherwise fail later or silently.
 
         A missing publication: PG18 only warns and skips it, older servers fail once the
-        first change is decoded. A two-phase slot: the server decodes prepared transactions
-        at PREPARE whatever the session asks, and a session below proto_version 3 cannot
-        carry them.
+        first change is decoded. A slot of another output plugin (or a physical one): the
+        server would reject pgoutput's options one by one. A two-phase slot: the server
+        decodes prepared transactions at PREPARE whatever the session asks, and a session
+        below proto_version 3 cannot carry them.
         """
         names = ",".join(literal(n) for n in self.options.publication_names)
         found = {

@@ -1,19 +1,23 @@
 """pgcdc capture files (``.pgcap``): a replication session's raw CopyBoth frames, replayable.
 
-Layout (all integers big-endian)::
+Layout, format version 2 (integers big-endian; "record" is a `pgcdc.records` record:
+``uint32 length | uint32 crc32 | payload``)::
 
     magic        8 bytes   b"PGCDCCAP"
-    version      uint16    1
-    header_len   uint32
-    header       header_len bytes of UTF-8 JSON (CaptureHeader)
-    records      each:  uint32 length | uint32 crc32(frame) | int64 received_at | frame
-    end marker   uint32 0xFFFFFFFF | uint32 record count
+    version      uint16    2
+    header       a record: UTF-8 JSON (CaptureHeader)
+    frames       a record each: int64 received_at | frame
+    end marker   a record: uint32 count of frame records
 
 `frame` is one CopyData payload exactly as the server sent it (XLogData ``w`` or keepalive
 ``k``), `received_at` the client's clock in microseconds since 2000-01-01 UTC. The header
-records what decoding the frames needs (proto version, streaming mode, ...). The CRC catches
-bit rot that would still decode; the end marker tells a complete capture from one whose
-recording was cut off.
+records what decoding the frames needs (proto version, streaming mode, ...), checked before
+any frame is decoded. The CRCs catch bit rot that would still decode; the end marker tells a
+complete capture from one whose recording was cut off.
+
+Format version 1 (until pgcdc 0.1.0) is still read: the header as ``uint32 length | JSON``
+without a checksum, frames as ``uint32 length | uint32 crc32(frame) | int64 received_at |
+frame``, the end marker as ``uint32 0xFFFFFFFF | uint32 count``.
 """
 
 from __future__ import annotations
@@ -21,20 +25,52 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from pgcdc.errors import CaptureError
+from pgcdc.errors import CaptureError, RecordError
+from pgcdc.protocol import MAX_PROTO_VERSION, StreamingMode
+from pgcdc.records import MAX_PAYLOAD, read_records, write_record
 
 __all__ = ["CaptureHeader", "CaptureReader", "CaptureRecord", "CaptureWriter"]
 
 MAGIC = b"PGCDCCAP"
-FORMAT_VERSION = 1
-_PREAMBLE = struct.Struct(">8sHI")
-_RECORD = struct.Struct(">IIq")
-_END = 0xFFFFFFFF
-MAX_FRAME = 1 << 30  # the server's own limit on one CopyData message
+FORMAT_VERSION = 2
+_PREAMBLE = struct.Struct(">8sH")
+_RECEIVED_AT = struct.Struct(">q")
+_COUNT = struct.Struct(">I")
+_V1_HEADER_LEN = struct.Struct(">I")
+_V1_RECORD = struct.Struct(">IIq")
+_V1_END = struct.Struct(">II")  # 0xFFFFFFFF, count
+_NO_END = "file ends without an end marker (truncated, or the recording was cut off)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+#: What each header field may hold: a check, and what the check means (for the message).
+_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "proto_version": (
+        lambda v: _is_int(v) and 1 <= v <= MAX_PROTO_VERSION,
+        f"an integer from 1 to {MAX_PROTO_VERSION}",
+    ),
+    "streaming": (
+        lambda v: v in {m.value for m in StreamingMode},
+        " or ".join(repr(m.value) for m in StreamingMode),
+    ),
+    "binary": (lambda v: isinstance(v, bool), "true or false"),
+    "messages": (lambda v: isinstance(v, bool), "true or false"),
+    "two_phase": (lambda v: isinstance(v, bool), "true or false"),
+    "origin": (lambda v: v in (None, "any", "none"), "null, 'any' or 'none'"),
+    "publication_names": (_is_str_list, "a list of strings"),
+    "server_version": (lambda v: _is_int(v) and v >= 0, "a server_version_num"),
+}
 
 
 @dataclass(slots=True)
@@ -61,17 +97,22 @@ class CaptureHeader:
 
     @classmethod
     def from_json(cls, data: bytes) -> CaptureHeader:
+        """The header, every value checked: they configure the decoder."""
         try:
             raw = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CaptureError(f"capture header is not valid JSON: {exc}") from None
         if not isinstance(raw, dict) or "proto_version" not in raw:
             raise CaptureError("capture header lacks proto_version")
-        known = {f.name for f in fields(cls)}
-        try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
-        except TypeError as exc:
-            raise CaptureError(f"capture header is malformed: {exc}") from None
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        for name, value in values.items():
+            check, meaning = _FIELD_CHECKS.get(name, (lambda v: isinstance(v, str), "a string"))
+            if not check(value):
+                raise CaptureError(
+                    f"capture header: {name} is {json.dumps(value)[:40]}, expected {meaning} "
+                    "(a damaged or hand-edited header)"
+                )
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +129,15 @@ class CaptureWriter:
     def __init__(self, file: BinaryIO, header: CaptureHeader) -> None:
         self.file = file
         self.count = 0
-        data = header.to_json()
-        file.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data)) + data)
+        file.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION))
+        write_record(file, header.to_json())
 
     def write(self, frame: bytes, received_at: int) -> None:
-        self.file.write(_RECORD.pack(len(frame), zlib.crc32(frame), received_at) + frame)
+        write_record(self.file, _RECEIVED_AT.pack(received_at) + frame)
         self.count += 1
 
     def close(self) -> None:
-        self.file.write(struct.pack(">II", _END, self.count))
+        write_record(self.file, _COUNT.pack(self.count))
         self.file.flush()
 
 
@@ -112,45 +153,92 @@ class CaptureReader:
         preamble = file.read(_PREAMBLE.size)
         if len(preamble) < _PREAMBLE.size or not preamble.startswith(MAGIC):
             raise CaptureError(f"{name}: not a pgcdc capture file (bad magic)")
-        _, version, header_len = _PREAMBLE.unpack(preamble)
-        if version != FORMAT_VERSION:
-            raise CaptureError(f"{name}: capture format version {version} is not supported")
-        if header_len > MAX_FRAME:
-            raise CaptureError(f"{name}: header length {header_len} is implausible")
-        data = file.read(header_len)
-        if len(data) < header_len:
-            raise CaptureError(f"{name}: truncated in the header")
-        self.header = CaptureHeader.from_json(data)
-        self._offset = _PREAMBLE.size + header_len
+        _, self.version = _PREAMBLE.unpack(preamble)
+        if self.version == 1:
+            self.header, self._offset = self._v1_header()
+        elif self.version == FORMAT_VERSION:
+            self._records = read_records(file, _PREAMBLE.size)
+            try:
+                first = next(self._records, None)
+            except RecordError as exc:
+                raise CaptureError(f"{name}: header {exc}") from None
+            if first is None:
+                raise CaptureError(f"{name}: truncated in the header")
+            self.header = self._header(first.payload)
+            self._offset = first.end
+        else:
+            raise CaptureError(f"{name}: capture format version {self.version} is not supported")
 
-    def _fail(self, index: int, reason: str) -> CaptureError:
-        return CaptureError(f"{self.name}: record {index} at byte {self._offset}: {reason}")
+    def _header(self, data: bytes) -> CaptureHeader:
+        try:
+            return CaptureHeader.from_json(data)
+        except CaptureError as exc:
+            raise CaptureError(f"{self.name}: {exc}") from None
+
+    def _fail(self, index: int, offset: int, reason: str) -> CaptureError:
+        return CaptureError(f"{self.name}: record {index} at byte {offset}: {reason}")
+
+    def _check_end(self, index: int, offset: int, count: int, trailing: bytes) -> None:
+        """The end marker at `offset` counts `count` records; `index` were read."""
+        if count != index:
+            raise self._fail(index, offset, f"end marker counts {count} records, found {index}")
+        if trailing:
+            raise self._fail(index, offset, "bytes after the end marker")
 
     def __iter__(self) -> Iterator[CaptureRecord]:
-        index = 0
+        if self.version == 1:
+            yield from self._v1_records()
+            return
+        index, offset = 0, self._offset
+        try:
+            for record in self._records:
+                payload, offset = record.payload, record.end
+                if len(payload) == _COUNT.size:
+                    (count,) = _COUNT.unpack(payload)
+                    self._check_end(index, record.offset, count, self.file.read(1))
+                    return
+                if len(payload) <= _RECEIVED_AT.size:
+                    raise self._fail(index, record.offset, f"a {len(payload)}-byte record")
+                (received_at,) = _RECEIVED_AT.unpack_from(payload)
+                yield CaptureRecord(index, record.offset, received_at, payload[_RECEIVED_AT.size :])
+                index += 1
+        except RecordError as exc:
+            raise self._fail(index, exc.offset, exc.reason) from None
+        raise self._fail(index, offset, _NO_END)
+
+    # -- format version 1 (read only) ---------------------------------------------------------
+
+    def _v1_header(self) -> tuple[CaptureHeader, int]:
+        raw = self.file.read(_V1_HEADER_LEN.size)
+        if len(raw) < _V1_HEADER_LEN.size:
+            raise CaptureError(f"{self.name}: truncated in the header")
+        (header_len,) = _V1_HEADER_LEN.unpack(raw)
+        if header_len > MAX_PAYLOAD:
+            raise CaptureError(f"{self.name}: header length {header_len} is implausible")
+        data = self.file.read(header_len)
+        if len(data) < header_len:
+            raise CaptureError(f"{self.name}: truncated in the header")
+        return self._header(data), _PREAMBLE.size + _V1_HEADER_LEN.size + header_len
+
+    def _v1_records(self) -> Iterator[CaptureRecord]:
+        index, offset = 0, self._offset
         read = self.file.read
         while True:
-            head = read(_RECORD.size)
-            if len(head) >= 8 and head[:4] == b"\xff\xff\xff\xff":
-                (count,) = struct.unpack(">I", head[4:8])
-                if count != index:
-                    raise self._fail(index, f"end marker counts {count} records, found {index}")
-                if len(head) > 8 or read(1):
-                    raise self._fail(index, "bytes after the end marker")
+            head = read(_V1_RECORD.size)
+            if len(head) >= _V1_END.size and head[:4] == b"\xff\xff\xff\xff":
+                _, count = _V1_END.unpack_from(head)
+                self._check_end(index, offset, count, head[_V1_END.size :] + read(1))
                 return
-            if len(head) < _RECORD.size:
-                raise self._fail(
-                    index,
-                    "file ends without an end marker (truncated, or the recording was cut off)",
-                )
-            length, crc, received_at = _RECORD.unpack(head)
-            if length > MAX_FRAME:
-                raise self._fail(index, f"frame length {length} is implausible")
+            if len(head) < _V1_RECORD.size:
+                raise self._fail(index, offset, _NO_END)
+            length, crc, received_at = _V1_RECORD.unpack(head)
+            if length > MAX_PAYLOAD:
+                raise self._fail(index, offset, f"frame length {length} is implausible")
             frame = read(length)
             if len(frame) < length:
-                raise self._fail(index, f"truncated frame: {len(frame)} of {length} bytes")
+                raise self._fail(index, offset, f"truncated frame: {len(frame)} of {length} bytes")
             if zlib.crc32(frame) != crc:
-                raise self._fail(index, "checksum mismatch (corrupt frame)")
-            yield CaptureRecord(index, self._offset, received_at, frame)
-            self._offset += _RECORD.size + length
+                raise self._fail(index, offset, "checksum mismatch (corrupt frame)")
+            yield CaptureRecord(index, offset, received_at, frame)
+            offset += _V1_RECORD.size + length
             index += 1

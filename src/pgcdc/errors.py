@@ -14,13 +14,17 @@ __all__ = [
     "ConnectionLost",
     "InvalidConninfo",
     "InvalidMessage",
+    "InvalidStartPosition",
+    "OutputFileError",
     "PermissionDenied",
     "PgcdcError",
     "PluginError",
     "PluginLoadError",
     "PluginOptionError",
     "ProtocolError",
+    "PublicationError",
     "PublicationNotFound",
+    "RecordError",
     "ReplicationError",
     "ApplyError",
     "SchemaChangeError",
@@ -29,6 +33,7 @@ __all__ = [
     "SlotInUse",
     "SlotInvalidated",
     "SlotNotFound",
+    "SlotPluginMismatch",
     "SourceError",
     "SpillError",
     "SpoolError",
@@ -127,6 +132,16 @@ class ColumnCountMismatch(ProtocolError):
     """A TupleData's column count differs from its Relation's."""
 
 
+class RecordError(PgcdcError):
+    """A framed record (`pgcdc.records`) that is truncated or damaged, at byte `offset` of
+    its file. Capture, spill and spool readers report it with their file's name."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"record at byte {offset}: {reason}")
+
+
 class CaptureError(PgcdcError):
     """A capture file that is not in pgcdc's capture format, or is corrupt or truncated."""
 
@@ -186,8 +201,21 @@ class SlotInvalidated(ReplicationError):
     """The slot can no longer be used (its WAL was removed, or it timed out while idle)."""
 
 
+class SlotPluginMismatch(ReplicationError):
+    """The slot is not a logical slot of the pgoutput plugin (e.g. one made for test_decoding)."""
+
+
+class InvalidStartPosition(ReplicationError):
+    """A start position the server has not reached (starting there would skip changes)."""
+
+
 class PublicationNotFound(ReplicationError):
     """A publication named in publication_names does not exist."""
+
+
+class PublicationError(ReplicationError):
+    """A publication cannot be created or changed as asked (it exists already, a table is
+    missing or not in it, a bad row filter or option)."""
 
 
 class StreamEnded(ReplicationError):
@@ -204,6 +232,10 @@ class PluginLoadError(PluginError):
 
 class PluginOptionError(PluginError):
     """An option given to a plugin is unknown or has an invalid value (raised from startup)."""
+
+
+class OutputFileError(PgcdcError):
+    """A file pgcdc was asked to write (``-f``) cannot be created or written."""
 
 
 class SpillError(PgcdcError):

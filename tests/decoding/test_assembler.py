@@ -378,7 +378,7 @@ def test_a_corrupt_spill_file_is_a_clear_error(tmp_path: Path) -> None:
     data = bytearray(buffer.path.read_bytes())
     data[-1] ^= 0xFF
     buffer.path.write_bytes(bytes(data))
-    with pytest.raises(SpillError, match="corrupt at byte 0"):
+    with pytest.raises(SpillError, match="damaged: record at byte 0: checksum mismatch"):
         list(buffer)
     pool.close()
 

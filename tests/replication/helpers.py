@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -193,11 +194,14 @@ def run_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[st
         raise AssertionError(f"pgcdc {' '.join(args[:3])} did not finish in {timeout}s") from exc
 
 
-def assert_one_error_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """Exit status 1 and exactly one stderr line `pgcdc: error: ...` containing `needles`."""
+def assert_one_error_line(
+    result: subprocess.CompletedProcess[str], *needles: str, status: int = 1
+) -> str:
+    """Exit `status` (1: a failure, 2: a usage error) and exactly one stderr line
+    `pgcdc: error: ...` containing `needles`."""
     report = f"exit {result.returncode}\n--- stderr ---\n{result.stderr}"
     assert "Traceback" not in result.stderr, report
-    assert result.returncode == 1, report
+    assert result.returncode == status, report
     lines = result.stderr.splitlines()
     assert len(lines) == 1, f"expected exactly one stderr line; {report}"
     (line,) = lines
@@ -376,3 +380,105 @@ class TailThread(threading.Thread):
         assert not self.is_alive(), "the tailing client did not stop"
         if self.error is not None:
             raise self.error
+
+
+# -- a TCP proxy that can cut, hang up or refuse connections ------------------------------------
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:`port` to a server, so that a test can break the network in between:
+    `cut_after(n)` closes the next connection once `n` bytes came from the server,
+    `blackhole()` closes every connection and then accepts new ones but never answers (a
+    server that hangs), `refuse()` stops listening (a server that is down), `restore()`
+    forwards again."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.mode = "forward"
+        self.cut_at: int | None = None
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    @property
+    def dsn_params(self) -> str:
+        return f"host=127.0.0.1 port={self.port}"
+
+    def _listen(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by refuse() or close()
+            with self._lock:
+                self._sockets.append(client)
+                if self.mode == "blackhole":
+                    continue  # accepted, never answered
+                upstream = socket.create_connection(self.target)
+                self._sockets.append(upstream)
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        sent = 0
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+                sent += len(data)
+                if from_server and self.cut_at is not None and sent >= self.cut_at:
+                    self.cut_at = None
+                    break
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def cut_after(self, nbytes: int) -> None:
+        self.cut_at = nbytes
+
+    def _close_all(self) -> None:
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+    def blackhole(self) -> None:
+        self.mode = "blackhole"
+        self._close_all()
+
+    def _stop_listening(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the thread blocked in accept()
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+
+    def refuse(self) -> None:
+        self.mode = "refuse"
+        self._stop_listening()
+        self._close_all()
+
+    def restore(self) -> None:
+        self._close_all()
+        self.mode = "forward"
+        if self._listener is None:
+            self._listen()
+
+    def close(self) -> None:
+        self._stop_listening()
+        self._close_all()

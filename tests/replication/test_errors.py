@@ -214,14 +214,16 @@ COMMANDS = [
     ("slot", "create", "s"),
     ("slot", "drop", "s"),
     ("publication", "create", "p", "-t", "t"),
+    ("publication", "alter", "p", "--add", "t"),
     ("publication", "describe", "p"),
     ("tail", "-S", "s", "--publication", "p", "--until-idle"),
+    ("tail", "-S", "s", "--publication", "p", "--until-idle", "-P", "test_decoding"),
     ("record", "-S", "s", "--publication", "p", "--until-idle", "-f", "{tmp}/c.pgcap"),
 ]
 
 
 @pytest.mark.parametrize("conninfo", list(MALFORMED))
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2] + c[6:8]))
 def test_malformed_connection_strings_are_one_line(
     conninfo: str, command: tuple[str, ...], tmp_path: object
 ) -> None:
@@ -241,3 +243,5 @@ def test_malformed_connection_string_in_a_pipeline(tmp_path: object) -> None:
         '[target]\npath = "lake"\n[tables]\n"public.t" = "mirror"\n'
     )
     assert_one_error_line(run_cli("run", str(config)), 'invalid connection option "hostx"')
+    result = run_cli("recopy", str(config), "public.t")
+    assert_one_error_line(result, 'invalid connection option "hostx"')

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +60,7 @@ def test_intact_records_come_before_the_error() -> None:
 
 def test_corrupt_frame_fails_its_checksum() -> None:
     data = bytearray(build())
-    data[-10] ^= 0x40  # inside the last frame
+    data[-13] ^= 0x40  # the last byte of the last frame (the end marker is 12 bytes)
     with pytest.raises(CaptureError, match=r"record 2 .*checksum"):
         read_all(bytes(data))
 
@@ -76,6 +78,58 @@ def test_corrupt_frame_fails_its_checksum() -> None:
 def test_bad_headers(data: bytes, message: str) -> None:
     with pytest.raises(CaptureError, match=message):
         CaptureReader(io.BytesIO(data))
+
+
+def v1_capture(header: dict[str, object]) -> bytes:
+    """A format-1 capture (no header checksum) with `header` and no frames."""
+    data = json.dumps(header).encode()
+    return b"PGCDCCAP" + struct.pack(">HI", 1, len(data)) + data + struct.pack(">II", 2**32 - 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("proto_version", 5, "proto_version is 5, expected an integer from 1 to 4"),
+        ("proto_version", "4", 'proto_version is "4", expected an integer'),
+        ("proto_version", True, "proto_version is true"),
+        ("streaming", "oo", "streaming is \"oo\", expected 'off' or 'on' or 'parallel'"),
+        ("binary", "yes", 'binary is "yes", expected true or false'),
+        ("origin", "some", "origin is"),
+        ("publication_names", "pub", "publication_names is"),
+        ("server_version", "16", "server_version is"),
+        ("slot", 5, "slot is 5, expected a string"),
+    ],
+)
+def test_header_values_are_checked(field: str, value: object, message: str) -> None:
+    """Format 1 has no header checksum; format 2 has one, but a hand-edited header passes it.
+    Either way the values configure the decoder, so each is checked first."""
+    header = {"proto_version": 4, "streaming": "parallel", field: value}
+    with pytest.raises(CaptureError, match=message.replace("(", r"\(")):
+        CaptureReader(io.BytesIO(v1_capture(header)), "c.pgcap")
+    out = io.BytesIO()
+    writer = CaptureWriter(out, CaptureHeader(proto_version=4))
+    writer.close()
+    edited = out.getvalue().replace(
+        b'"proto_version": 4', json.dumps(field).encode() + b": " + json.dumps(value).encode()
+    )
+    with pytest.raises(CaptureError, match=r"c\.pgcap: header record at byte 10: "):
+        CaptureReader(io.BytesIO(edited), "c.pgcap")  # the edit broke its record
+
+
+def test_a_damaged_header_fails_its_checksum() -> None:
+    data = bytearray(build())
+    data[data.index(b"parallel")] ^= 0x01
+    with pytest.raises(CaptureError, match=r"c\.pgcap: header record at byte 10: checksum"):
+        CaptureReader(io.BytesIO(bytes(data)), "c.pgcap")
+
+
+def test_format_1_is_still_read() -> None:
+    """The golden captures were recorded in format 1, before the header had a checksum."""
+    with open(GOLDEN, "rb") as file:
+        reader = CaptureReader(file)
+        assert reader.version == 1 and reader.header.proto_version == 4
+        assert sum(1 for _ in reader) > 3000
+    assert CaptureReader(io.BytesIO(build())).version == 2
 
 
 def test_bytes_after_end_marker() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from pgcdc.errors import UnsupportedOption
 from pgcdc.protocol import StreamingMode
-from pgcdc.replication import OriginFilter, StreamOptions, max_proto_version
+from pgcdc.replication import OriginFilter, ReplicationClient, StreamOptions, max_proto_version
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,21 @@ def test_command_options_send_only_non_defaults_and_quote_names() -> None:
         "proto_version '4', publication_names 'pub,\"Odd Name\",\"it''s\"', binary 'true', "
         "messages 'true', streaming 'parallel', two_phase 'true', origin 'none'"
     )
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("status_interval", -1.0),
+        ("status_interval", float("nan")),
+        ("status_interval", 0.0),
+        ("reconnect_timeout", float("inf")),
+        ("reconnect_timeout", -5.0),
+        ("max_backoff", float("nan")),
+    ],
+)
+def test_client_refuses_waits_that_are_not_finite_seconds(argument: str, value: float) -> None:
+    """Before, `-s -1` or `-s nan` reached select() on every wait: "timeout must be
+    non-negative", a lost connection, a reconnect, forever."""
+    with pytest.raises(ValueError, match=f"{argument} must be a finite number of seconds"):
+        ReplicationClient("", "slot", StreamOptions(("pub",)), **{argument: value})

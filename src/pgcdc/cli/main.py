@@ -1,42 +1,106 @@
 """The `pgcdc` command. Flags follow pg_recvlogical's where they overlap.
 
-Every error pgcdc diagnoses ends the command with one line on stderr and exit status 1;
-tracebacks are for bugs only.
+Exit status: 0 on success; 1 for every error pgcdc diagnoses (one line on stderr,
+``pgcdc: error: ...``); 2 for a command line that is wrong (unknown, missing or malformed
+option), also one line; 130 after Ctrl-C. Tracebacks are for bugs only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
+import math
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 import click
 
 from pgcdc import __version__
 from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
-from pgcdc.decoding import OutputWrite, PluginRunner
-from pgcdc.errors import PgcdcError, PluginError, SlotExists
-from pgcdc.protocol import INVALID_LSN, Decoder, Lsn, PrimaryKeepalive, XLogData, parse_frame
+from pgcdc.decoding import PluginRunner
+from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
+from pgcdc.protocol import (
+    INVALID_LSN,
+    Decoder,
+    Lsn,
+    PrimaryKeepalive,
+    StreamingMode,
+    XLogData,
+    parse_frame,
+)
 from pgcdc.replication import publications, slots
 from pgcdc.replication.acknowledgement import end_lsn_of
-from pgcdc.replication.client import ReplicationClient
+from pgcdc.replication.client import ReplicationClient, RetryState
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import OriginFilter, StreamOptions
 from pgcdc.replication.record import record as record_capture
 
 __all__ = ["main"]
 
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"pgcdc: error: {message}", err=True)
+
+class Terminal:
+    """pgcdc's stderr: whole lines, and on a terminal one line shown in place (the live
+    status, the state of a reconnect) that a whole line first clears."""
+
+    def __init__(self) -> None:
+        self.in_place = False
+
+    @property
+    def interactive(self) -> bool:
+        return sys.stderr.isatty()
+
+    def show(self, text: str) -> None:
+        if not self.interactive:
+            return
+        sys.stderr.write(f"\r{text}\x1b[K")
+        sys.stderr.flush()
+        self.in_place = True
+
+    def say(self, line: str) -> None:
+        if self.in_place:
+            sys.stderr.write("\r\x1b[K")
+            self.in_place = False
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        """Keep the line shown in place (the last status) as it is."""
+        if self.in_place:
+            sys.stderr.write("\n")
+            self.in_place = False
+
+
+TERMINAL = Terminal()
+
+
+class _LogToTerminal(logging.Handler):
+    """pgcdc's warnings (a lost connection, a reconnect) as ``pgcdc: ...`` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        TERMINAL.say(f"pgcdc: {record.getMessage()}")
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> None:
+    TERMINAL.say(f"pgcdc: error: {_one_line(message)}")
     sys.exit(code)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.strip().splitlines() if part.strip())
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,8 +113,8 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PgcdcError as exc:
             _fail(str(exc))
         except KeyboardInterrupt:
-            click.echo("pgcdc: interrupted", err=True)
-            sys.exit(130)
+            TERMINAL.say("pgcdc: interrupted")
+            sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             sys.stderr.close()
             sys.exit(141)
@@ -71,6 +135,25 @@ class LsnType(click.ParamType):
 
 
 LSN = LsnType()
+
+
+class SecondsType(click.ParamType):
+    """A finite number of seconds; above 0, or also 0 with `zero_ok`."""
+
+    name = "SECONDS"
+
+    def __init__(self, *, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not self.zero_ok):
+            least = "0 or more" if self.zero_ok else "above 0"
+            self.fail(f"{value!r} is not a finite number of seconds {least}", param, ctx)
+        return seconds
 
 
 _conninfo_option = click.option(
@@ -135,7 +218,7 @@ def _stream_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "-s",
             "--status-interval",
-            type=float,
+            type=SecondsType(),
             default=10.0,
             show_default=True,
             help="seconds between status updates to the server",
@@ -152,10 +235,16 @@ def _options_from(kwargs: dict[str, Any]) -> StreamOptions:
         proto_version=kwargs["proto_version"],
         binary=kwargs["binary"],
         messages=kwargs["messages"],
-        streaming=kwargs["streaming"] or "off",
+        streaming=StreamingMode(kwargs["streaming"] or "off"),
         two_phase=kwargs["two_phase"],
         origin=OriginFilter(kwargs["origin"]) if kwargs["origin"] else None,
     )
+
+
+def _check_stream_flags(kwargs: dict[str, Any]) -> None:
+    """Usage errors of the stream flags, found before anything is created."""
+    if kwargs["endpos"] is not None and kwargs["until_idle"]:
+        raise click.UsageError("--endpos and --until-idle cannot be combined")
 
 
 def _maybe_create_slot(kwargs: dict[str, Any]) -> bool:
@@ -169,54 +258,131 @@ def _maybe_create_slot(kwargs: dict[str, Any]) -> bool:
             if not kwargs["if_not_exists"]:
                 raise
             return False
-        click.echo(
-            f"pgcdc: created slot {created.slot_name} at {created.consistent_point}", err=True
-        )
+        TERMINAL.say(f"pgcdc: created slot {created.slot_name} at {created.consistent_point}")
         return True
 
 
+def _show_retry(state: RetryState) -> None:
+    """The state of a reconnect, in place (the loss itself was said once, as a line)."""
+    limit = "" if state.gives_up_in is None else f", giving up in {state.gives_up_in:.0f} s"
+    TERMINAL.show(
+        f"pgcdc: reconnecting: down for {state.down_for:.0f} s, attempt {state.attempts}, "
+        f"next in {state.next_in:.1f} s{limit}: {state.error}"
+    )
+
+
+def _position_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Where the stream starts and stops, and how often it reports: a client's arguments."""
+    return {
+        "start_lsn": kwargs["startpos"] or INVALID_LSN,
+        "endpos": kwargs["endpos"],
+        "until_idle": kwargs["until_idle"],
+        "status_interval": kwargs["status_interval"],
+    }
+
+
 def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
-    if kwargs["endpos"] is not None and kwargs["until_idle"]:
-        raise click.UsageError("--endpos and --until-idle cannot be combined")
     return ReplicationClient(
         kwargs["conninfo"],
         kwargs["slot"],
         _options_from(kwargs),
-        start_lsn=kwargs["startpos"] or INVALID_LSN,
-        endpos=kwargs["endpos"],
-        until_idle=kwargs["until_idle"],
-        status_interval=kwargs["status_interval"],
+        **_position_arguments(kwargs),
         **extra,
     )
+
+
+def _open_output(path: str | Path) -> BinaryIO:
+    """A file given with ``-f``, opened for appending before anything else happens (no slot
+    created for a run that cannot write its output)."""
+    try:
+        return open(path, "ab")
+    except OSError as exc:
+        raise OutputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class TransactionOutput:
+    """What `tail` writes. With `hold`, a transaction's output reaches the file only once the
+    transaction is complete (`commit`): one cut off by a lost connection is sent again whole
+    by the next session, and is then written once (`discard` drops the part). Held output
+    stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file is made
+    durable (`sync`, one fsync) before each status update that may move the slot, not after
+    every transaction."""
+
+    def __init__(
+        self, out: BinaryIO, *, hold: bool, memory_limit: int, spill_dir: str | None
+    ) -> None:
+        self.out = out
+        self.file = out is not sys.stdout.buffer
+        self.held: tempfile.SpooledTemporaryFile[bytes] | None = None
+        if hold:
+            self.held = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (closed by close())
+                max_size=memory_limit, dir=spill_dir
+            )
+
+    def write(self, data: bytes) -> None:
+        with self._reporting():
+            (self.out if self.held is None else self.held).write(data)
+
+    def commit(self) -> None:
+        """Everything written so far is complete: write it out (`sync` makes it durable)."""
+        with self._reporting():
+            if self.held is not None and self.held.tell():
+                self.held.seek(0)
+                shutil.copyfileobj(self.held, self.out)
+                self.discard()
+            self.out.flush()
+
+    def sync(self) -> None:
+        """Make what was committed durable (before the slot is confirmed past it)."""
+        if self.file:
+            with self._reporting():
+                os.fsync(self.out.fileno())
+
+    @contextlib.contextmanager
+    def _reporting(self) -> Iterator[None]:
+        """Output that cannot be written (disk full, ...) as one line; a closed pipe as it
+        is (the reader went away: a quiet exit)."""
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFileError(f"cannot write {self.out.name}: {exc.strerror}") from None
+
+    def discard(self) -> None:
+        """Drop what is held: the transaction it belongs to did not complete."""
+        if self.held is not None:
+            self.held.seek(0)
+            self.held.truncate()
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.close()
+        if self.file:
+            self.out.close()
 
 
 class StatusLine:
     """A one-line live status (rate, lag in bytes) on a terminal's stderr."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self) -> None:
         self.count = 0
         self.started = self.shown = time.monotonic()
 
     def update(self, client: ReplicationClient) -> None:
         self.count += 1
         now = time.monotonic()
-        if not self.enabled or now - self.shown < 0.5:
+        if not TERMINAL.interactive or now - self.shown < 0.5:
             return
         self.shown = now
         acks = client.acks
         rate = self.count / max(now - self.started, 1e-9)
         flush = acks.flush_lsn
         lag = acks.keepalive_wal_end - flush if acks.keepalive_wal_end else 0
-        sys.stderr.write(
-            f"\r{self.count:>10} messages {rate:>9.0f}/s  received {acks.received}  "
-            f"confirmed {flush}  lag {max(lag, 0)} bytes\x1b[K"
+        TERMINAL.show(
+            f"{self.count:>10} messages {rate:>9.0f}/s  received {acks.received}  "
+            f"confirmed {flush}  lag {max(lag, 0)} bytes"
         )
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -266,13 +432,14 @@ def _size(value: str) -> int:
     "--memory-limit",
     default="64MB",
     show_default=True,
-    help="with -P: memory for transactions held back before they spill to disk",
+    help="memory for a transaction's output held back until it commits (with -P, as much "
+    "again for the transactions the plugin waits for) before it spills to disk",
 )
 @click.option(
     "--spill-dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="with -P: where held-back transactions spill (default: the temp directory)",
+    help="where held-back output and transactions spill (default: the temp directory)",
 )
 @click.option(
     "-f",
@@ -283,6 +450,14 @@ def _size(value: str) -> int:
     help="write here instead of standard output",
 )
 @click.option("--no-confirm", is_flag=True, help="do not move the slot (leave changes in it)")
+@click.option(
+    "--reconnect-timeout",
+    type=SecondsType(zero_ok=True),
+    default=300.0,
+    show_default=True,
+    help="after a lost connection, give up when the server is still unreachable after this "
+    "long (0: do not reconnect)",
+)
 @_user_errors
 def tail(
     fmt: str,
@@ -292,48 +467,60 @@ def tail(
     spill_dir: str | None,
     output: str,
     no_confirm: bool,
+    reconnect_timeout: float,
     **kwargs: Any,
 ) -> None:
-    """Stream decoded messages from a slot, one per line (with -P: the plugin's output)."""
+    """Stream decoded messages from a slot, one per line (with -P: the plugin's output).
+
+    A transaction is written once it is complete, unless --streaming asks for its parts as
+    they arrive."""
     if plugin is None and plugin_options:
         raise click.UsageError("-o/--option needs -P/--plugin")
-    created = _maybe_create_slot(kwargs)
-    out: TextIO = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")  # noqa: SIM115
+    _check_stream_flags(kwargs)
+    options = dict(_plugin_option(o) for o in plugin_options)
+    limit = _size(memory_limit)
+    out = TransactionOutput(
+        sys.stdout.buffer if output == "-" else _open_output(output),
+        hold=kwargs["streaming"] is None or kwargs["streaming"] == "off",
+        memory_limit=limit,
+        spill_dir=spill_dir,
+    )
+    client_options: dict[str, Any] = {
+        "acknowledge": not no_confirm,
+        "reconnect": reconnect_timeout > 0,
+        "reconnect_timeout": reconnect_timeout,
+        "on_retry": _show_retry,
+        "on_session": lambda _stream: out.discard(),
+        "before_status": out.sync,
+    }
     try:
+        created = _maybe_create_slot(kwargs)
         if plugin is not None:
-            _tail_plugin(
-                plugin,
-                dict(_plugin_option(o) for o in plugin_options),
-                _size(memory_limit),
-                spill_dir,
-                out,
-                created,
-                not no_confirm,
-                kwargs,
-            )
+            _tail_plugin(plugin, options, limit, spill_dir, out, created, client_options, kwargs)
         else:
-            _tail_messages(fmt, out, not no_confirm, kwargs)
+            _tail_messages(fmt, out, client_options, kwargs)
     finally:
-        if out is not sys.stdout:
-            out.close()
+        out.close()
 
 
-def _tail_messages(fmt: str, out: TextIO, acknowledge: bool, kwargs: dict[str, Any]) -> None:
-    client = _client(kwargs, acknowledge=acknowledge)
-    status = StatusLine(sys.stderr.isatty() and out is not sys.stderr)
+def _tail_messages(
+    fmt: str, out: TransactionOutput, client_options: dict[str, Any], kwargs: dict[str, Any]
+) -> None:
+    client = _client(kwargs, **client_options)
+    status = StatusLine()
     render = message_json if fmt == "json" else message_text
     with client:
         for frame, message in client:
             assert client.stream is not None
             relations = client.stream.decoder.relations
             line = render(message, frame.data_start, relations)
-            out.write((json.dumps(line, ensure_ascii=False) if fmt == "json" else line) + "\n")
+            text = json.dumps(line, ensure_ascii=False) if fmt == "json" else line
+            out.write(f"{text}\n".encode())
             end = end_lsn_of(message)
             if end is not None:
-                out.flush()
+                out.commit()
                 client.confirm(end)
             status.update(client)
-    status.close()
 
 
 def _tail_plugin(
@@ -341,46 +528,26 @@ def _tail_plugin(
     options: dict[str, str | None],
     memory_limit: int,
     spill_dir: str | None,
-    out: TextIO,
+    out: TransactionOutput,
     is_init: bool,
-    acknowledge: bool,
+    client_options: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> None:
     """Run an output plugin; its output is made durable before its position is confirmed."""
-    if kwargs["endpos"] is not None and kwargs["until_idle"]:
-        raise click.UsageError("--endpos and --until-idle cannot be combined")
-    binary_out = out.buffer if hasattr(out, "buffer") else None
-
-    def sink(write: OutputWrite) -> None:
-        if binary_out is not None:
-            binary_out.write(write.data + b"\n")
-        else:
-            out.write(write.data.decode() + "\n")
-
-    def durable() -> None:
-        if binary_out is not None:
-            binary_out.flush()
-        out.flush()
-        if out is not sys.stdout:
-            os.fsync(out.fileno())
-
     runner = PluginRunner(
         kwargs["conninfo"],
         kwargs["slot"],
         plugin,
         _options_from(kwargs),
         plugin_options=options,
-        sink=sink,
-        on_durable=durable,
+        sink=lambda write: out.write(write.data + b"\n"),
+        on_durable=out.commit,
         is_init=is_init,
         memory_limit=memory_limit,
         spill_dir=spill_dir,
         streaming=kwargs["streaming"],
-        start_lsn=kwargs["startpos"] or INVALID_LSN,
-        endpos=kwargs["endpos"],
-        until_idle=kwargs["until_idle"],
-        status_interval=kwargs["status_interval"],
-        acknowledge=acknowledge,
+        **_position_arguments(kwargs),
+        **client_options,
     )
     try:
         runner.run()
@@ -409,10 +576,18 @@ def _tail_plugin(
 @_user_errors
 def record(output: Path, no_confirm: bool, **kwargs: Any) -> None:
     """Record a slot's raw replication frames into a capture file."""
-    _maybe_create_slot(kwargs)
-    client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
-    count = record_capture(client, output)
-    click.echo(f"pgcdc: recorded {count} messages to {output}", err=True)
+    _check_stream_flags(kwargs)
+    existed = output.exists()
+    _open_output(output).close()  # writable? (a file that existed is left as it was)
+    try:
+        _maybe_create_slot(kwargs)
+        client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
+        count = record_capture(client, output)
+    except BaseException:
+        if not existed and output.exists() and output.stat().st_size == 0:
+            output.unlink()  # nothing was recorded: leave no empty capture behind
+        raise
+    TERMINAL.say(f"pgcdc: recorded {count} messages to {output}")
 
 
 @cli.command()
@@ -427,7 +602,13 @@ def decode(capture: Path, fmt: str, keepalives: bool) -> None:
         header = reader.header
         decoder = Decoder(header.proto_version, header.streaming)
         for record in reader:
-            frame = parse_frame(record.frame)
+            try:
+                frame = parse_frame(record.frame)
+                message = None
+                if isinstance(frame, XLogData):
+                    message = decoder.decode(frame.payload, frame.data_start)
+            except PgcdcError as exc:
+                raise PgcdcError(f"{capture}: record {record.index}: {exc}") from None
             if isinstance(frame, PrimaryKeepalive):
                 if keepalives:
                     item = {
@@ -442,13 +623,7 @@ def decode(capture: Path, fmt: str, keepalives: bool) -> None:
                         f"{str(frame.reply_requested).lower()}"
                     )
                 continue
-            if not isinstance(frame, XLogData):
-                continue
-            try:
-                message = decoder.decode(frame.payload, frame.data_start)
-            except PgcdcError as exc:
-                raise PgcdcError(f"{capture}: record {record.index}: {exc}") from None
-            if message is None:
+            if message is None or not isinstance(frame, XLogData):
                 continue
             if fmt == "json":
                 line = message_json(message, frame.data_start, decoder.relations)
@@ -648,8 +823,22 @@ def publication_describe(name: str, conninfo: str) -> None:
 def run(pipeline: str) -> None:
     """Run a pipeline (PIPELINE.toml): a slot's changes into Delta mirror/history tables."""
     from pgcdc.cli.run import run_pipeline
+    from pgcdc.spark.config import load_config
 
+    _check_writable_directory(Path(load_config(pipeline).target_path), "target.path")
     run_pipeline(pipeline)
+
+
+def _check_writable_directory(path: Path, name: str) -> None:
+    """Fail before anything starts (Spark, a slot) when `path` cannot be a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise TargetError(f"{name} {path}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TargetError(f"{name} {path}: cannot create the directory: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TargetError(f"{name} {path}: the directory is not writable")
 
 
 @cli.command()
@@ -676,8 +865,31 @@ def demo() -> None:
     run_demo()
 
 
+def _usage_line(exc: click.UsageError) -> str:
+    where = exc.ctx.command_path if exc.ctx is not None else "pgcdc"
+    return f"{exc.format_message()} (see '{where} --help')"
+
+
 def main() -> None:
-    cli(prog_name="pgcdc")
+    """The entry point: the exit statuses of the module's docstring, one line per error."""
+    log = logging.getLogger("pgcdc")
+    if not log.handlers:
+        log.addHandler(_LogToTerminal(logging.WARNING))
+        log.propagate = False
+    try:
+        code = cli.main(prog_name="pgcdc", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `pgcdc` or `pgcdc slot` alone
+        click.echo(exc.format_message(), err=True)
+        code = EXIT_USAGE
+    except click.UsageError as exc:
+        _fail(_usage_line(exc), EXIT_USAGE)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    except click.Abort:  # Ctrl-C outside a command's own handling
+        TERMINAL.say("pgcdc: interrupted")
+        code = EXIT_INTERRUPTED
+    TERMINAL.end()
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

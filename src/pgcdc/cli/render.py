@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields, is_dataclass
+from datetime import datetime
 from typing import Any
 
 from pgcdc.protocol import (
@@ -16,8 +17,8 @@ from pgcdc.protocol import (
     Truncate,
     TupleData,
     Update,
-    pg_timestamp_to_datetime,
 )
+from pgcdc.types.temporal import timestamptz_from_microseconds
 
 __all__ = ["message_json", "message_text", "tuple_dict"]
 
@@ -49,13 +50,20 @@ def tuple_dict(data: TupleData, relation: Relation | None) -> dict[str, Any]:
     }
 
 
+def _timestamp(micros: int) -> str:
+    """A wire timestamp in ISO 8601; one outside `datetime`'s years 1-9999 (any int64 is
+    valid on the wire) as the server prints it, e.g. ``infinity``."""
+    value = timestamptz_from_microseconds(micros)
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
 def _field(name: str, value: Any, relation: Relation | None) -> Any:
     if isinstance(value, TupleData):
         return tuple_dict(value, relation)
     if isinstance(value, Lsn):
         return str(value)
     if name in _TIMESTAMPS and isinstance(value, int):
-        return pg_timestamp_to_datetime(value).isoformat()
+        return _timestamp(value)
     if isinstance(value, bytes):
         try:
             return value.decode()

@@ -15,21 +15,19 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import struct
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pgcdc.errors import SpillError
+from pgcdc.errors import RecordError, SpillError
+from pgcdc.records import read_records, write_record
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "SpillBuffer", "SpillPool"]
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 #: Entries per pickled batch in a spill file: what reading back holds in memory at once.
 BATCH_ENTRIES = 2000
-_RECORD = struct.Struct(">II")  # length, crc32
 _DIR_PREFIX = "pgcdc-spill-"
 
 
@@ -77,9 +75,7 @@ class SpillBuffer:
                 for start in range(0, len(self.memory), BATCH_ENTRIES):
                     chunk = self.memory[start : start + BATCH_ENTRIES]
                     batch = [(tag, payload) for _, tag, payload in chunk]
-                    data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-                    file.write(_RECORD.pack(len(data), zlib.crc32(data)))
-                    file.write(data)
+                    write_record(file, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError as exc:
             raise SpillError(
                 f"cannot spill transaction {self.name} to {self.path}: {exc}"
@@ -109,16 +105,11 @@ class SpillBuffer:
         except OSError as exc:
             raise SpillError(f"cannot read spill file {self.path}: {exc}") from None
         with file:
-            offset = 0
-            while header := file.read(_RECORD.size):
-                if len(header) < _RECORD.size:
-                    raise SpillError(f"spill file {self.path} is truncated at byte {offset}")
-                size, crc = _RECORD.unpack(header)
-                data = file.read(size)
-                if len(data) < size or zlib.crc32(data) != crc:
-                    raise SpillError(f"spill file {self.path} is corrupt at byte {offset}")
-                offset += _RECORD.size + size
-                yield pickle.loads(data)
+            try:
+                for record in read_records(file):
+                    yield pickle.loads(record.payload)
+            except RecordError as exc:
+                raise SpillError(f"spill file {self.path} is damaged: {exc}") from None
 
     def close(self) -> None:
         """Forget the entries and remove the file."""

@@ -41,12 +41,12 @@ class Lsn(int):
     def __repr__(self) -> str:
         return f"Lsn('{self}')"
 
-    def __add__(self, other: int) -> Lsn:  # type: ignore[override]
+    def __add__(self, other: int) -> Lsn:
         return Lsn(int(self) + int(other))
 
     __radd__ = __add__
 
-    def __sub__(self, other: int) -> int:  # type: ignore[override]
+    def __sub__(self, other: int) -> int:
         """Bytes between two positions, or an Lsn moved back by a byte count."""
         if isinstance(other, Lsn):
             return int(self) - int(other)

@@ -10,8 +10,10 @@ One `Acknowledgement` spans all the sessions of a client.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from pgcdc.errors import ConnectionFailed, ConnectionLost, SlotInUse
 from pgcdc.protocol import (
@@ -25,9 +27,31 @@ from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
 
-__all__ = ["ReplicationClient"]
+__all__ = ["ReplicationClient", "RetryState"]
 
 log = logging.getLogger("pgcdc.replication")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryState:
+    """Where reconnecting stands, for a display: given to `on_retry` after each failed try."""
+
+    attempts: int
+    #: Seconds since the connection was lost.
+    down_for: float
+    #: Seconds until the client gives up (None: it never does).
+    gives_up_in: float | None
+    #: Seconds until the next attempt.
+    next_in: float
+    error: str
+
+
+def _check_seconds(name: str, value: float | None, *, positive: bool) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        least = "above 0" if positive else "0 or more"
+        raise ValueError(f"{name} must be a finite number of seconds {least}, got {value}")
 
 
 class ReplicationClient:
@@ -35,9 +59,9 @@ class ReplicationClient:
 
     Use it as a context manager: leaving it sends the final status update and ends the session.
     `acknowledge=False` never moves the slot (a peek). `reconnect_timeout` bounds how long the
-    client keeps retrying after a connection was lost (None: forever). Errors on the first
-    connection are raised at once: a wrong password or a missing slot does not get better by
-    waiting.
+    client keeps retrying after a connection was lost (None: forever); the loss is logged
+    once, each failed attempt goes to `on_retry`. Errors on the first connection are raised
+    at once: a wrong password or a missing slot does not get better by waiting.
     """
 
     def __init__(
@@ -55,8 +79,13 @@ class ReplicationClient:
         max_backoff: float = 10.0,
         on_frame: Callable[[bytes], None] | None = None,
         on_session: Callable[[LogicalStream], None] | None = None,
+        on_retry: Callable[[RetryState], None] | None = None,
         acknowledge: bool = True,
+        before_status: Callable[[], None] | None = None,
     ) -> None:
+        _check_seconds("status_interval", status_interval, positive=True)
+        _check_seconds("reconnect_timeout", reconnect_timeout, positive=False)
+        _check_seconds("max_backoff", max_backoff, positive=True)
         self.conninfo = conninfo
         self.slot = slot
         self.options = options
@@ -69,6 +98,8 @@ class ReplicationClient:
         self.max_backoff = max_backoff
         self.on_frame = on_frame
         self.on_session = on_session
+        self.on_retry = on_retry
+        self.before_status = before_status
         self.acknowledge = acknowledge
         self.stream: LogicalStream | None = None
         self.sessions = 0
@@ -89,8 +120,11 @@ class ReplicationClient:
         if self.stream is not None:
             self.stream.stop_requested = True
 
-    def _open(self) -> LogicalStream:
-        conn = ReplicationConnection.connect(self.conninfo)
+    def _open(self, time_left: float | None) -> LogicalStream:
+        """A started session; a reconnect's `time_left` caps the connection attempt (to no less
+        than libpq's least connect_timeout, 2 s)."""
+        timeout = None if time_left is None else max(time_left, 2.0)
+        conn = ReplicationConnection.connect(self.conninfo, timeout=timeout)
         try:
             stream = LogicalStream(
                 conn,
@@ -101,6 +135,7 @@ class ReplicationClient:
                 endpos=self.endpos,
                 until_idle=self.until_idle and self.sessions == 0,
                 on_frame=self.on_frame,
+                before_status=self.before_status,
                 acknowledge=self.acknowledge,
                 acks=self.acks,
             )
@@ -136,18 +171,37 @@ class ReplicationClient:
     def __iter__(self) -> Iterator[tuple[XLogData, PgoutputMessage]]:
         """Messages until endpos, `stop()` or an error; the session stays open for `close()`."""
         lost_since: float | None = None
+        attempts = 0
         backoff = 0.2
         while not self._stop:
             try:
-                self.stream = stream = self._open()
+                self.stream = stream = self._open(self._time_left(lost_since))
             except (ConnectionFailed, ConnectionLost, SlotInUse) as exc:
-                if lost_since is None or not self._may_retry(lost_since):
+                if lost_since is None:
                     raise
-                log.warning("reconnecting in %.1fs: %s", backoff, exc)
-                time.sleep(backoff)
+                attempts += 1
+                down_for = time.monotonic() - lost_since
+                if not self._may_retry(lost_since):
+                    raise ConnectionLost(
+                        f"gave up reconnecting after {down_for:.0f} s ({attempts} attempt"
+                        f"{'s' if attempts > 1 else ''}; the limit is "
+                        f"{self.reconnect_timeout:.0f} s): {exc}"
+                    ) from None
+                left = self._time_left(lost_since)
+                pause = backoff if left is None else min(backoff, left)
+                if self.on_retry is not None:
+                    self.on_retry(RetryState(attempts, down_for, left, pause, str(exc)))
+                log.info("reconnecting in %.1fs: %s", pause, exc)
+                time.sleep(pause)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
-            lost_since, backoff = None, 0.2
+            if lost_since is not None:
+                log.warning(
+                    "reconnected after %.0f s (%d failed attempts)",
+                    time.monotonic() - lost_since,
+                    attempts,
+                )
+            lost_since, attempts, backoff = None, 0, 0.2
             try:
                 yield from self._deliver(stream)
                 return
@@ -157,14 +211,23 @@ class ReplicationClient:
                 if not self.reconnect:
                     raise
                 lost_since = time.monotonic()
+                limit = self.reconnect_timeout
                 log.warning(
-                    "replication connection lost at %s, resuming: %s", self.acks.flush_lsn, exc
+                    "replication connection lost at %s, reconnecting (%s): %s",
+                    self.acks.flush_lsn,
+                    "no time limit" if limit is None else f"giving up after {limit:.0f} s",
+                    exc,
                 )
 
     def _may_retry(self, lost_since: float) -> bool:
-        return self.reconnect and (
-            self.reconnect_timeout is None or time.monotonic() - lost_since < self.reconnect_timeout
-        )
+        left = self._time_left(lost_since)
+        return self.reconnect and (left is None or left > 0)
+
+    def _time_left(self, lost_since: float | None) -> float | None:
+        """Seconds of reconnecting left (None: no limit, or not reconnecting)."""
+        if lost_since is None or self.reconnect_timeout is None:
+            return None
+        return max(0.0, self.reconnect_timeout - (time.monotonic() - lost_since))
 
     def _deliver(self, stream: LogicalStream) -> Iterator[tuple[XLogData, PgoutputMessage]]:
         """The stream's messages minus what the consumer already handled."""

@@ -7,13 +7,16 @@ turns libpq results and server errors into pgcdc's error classes.
 
 from __future__ import annotations
 
+import math
 import select
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
+from psycopg.pq.abc import PGconn, PGresult
 
 from pgcdc.errors import (
     ConnectionFailed,
@@ -39,11 +42,13 @@ __all__ = [
     "CreatedSlot",
     "ReplicationConnection",
     "SystemIdentity",
+    "connect_timeout",
     "connection_error",
-    "parse_conninfo",
     "describe_error",
     "error_class",
     "error_from_result",
+    "parse_conninfo",
+    "sql_error",
 ]
 
 #: Pinned so that the text output of every value is the same whatever the server's defaults.
@@ -57,6 +62,9 @@ DEFAULT_SESSION_SETTINGS: dict[str, str] = {
 }
 
 _E = pq.ExecStatus
+_POLL = pq.PollingStatus
+#: How long ending a session may wait for the server to finish the stream.
+END_COPY_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +83,17 @@ class CreatedSlot:
     output_plugin: str
 
 
-def error_class(sqlstate: str, primary: str) -> type[ReplicationError]:
-    """The pgcdc error class for a server error, chosen by SQLSTATE and primary message."""
+def error_class(
+    sqlstate: str, primary: str, default: type[ReplicationError] = ReplicationError
+) -> type[ReplicationError]:
+    """The pgcdc error class for a server error, chosen by SQLSTATE and primary message;
+    `default` when neither says more."""
     lowered = primary.lower()
     if sqlstate == "42704" and lowered.startswith("publication"):
         return PublicationNotFound
     if sqlstate == "42704" and "replication slot" in lowered:
         return SlotNotFound
-    if sqlstate == "42710":
+    if sqlstate == "42710" and "replication slot" in lowered:
         return SlotExists
     if sqlstate == "55006":
         return SlotInUse
@@ -96,7 +107,7 @@ def error_class(sqlstate: str, primary: str) -> type[ReplicationError]:
         return UnsupportedOption
     if sqlstate.startswith(("57P", "08")):
         return ConnectionLost
-    return ReplicationError
+    return default
 
 
 def describe_error(doing: str, primary: str, detail: str | None, hint: str | None) -> str:
@@ -108,7 +119,7 @@ def describe_error(doing: str, primary: str, detail: str | None, hint: str | Non
     return text
 
 
-def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> ReplicationError:
+def error_from_result(result: PGresult, doing: str, lsn: object = None) -> ReplicationError:
     """The pgcdc error for a server ErrorResponse."""
     field = pq.DiagnosticField
 
@@ -121,11 +132,31 @@ def error_from_result(result: pq.PGresult, doing: str, lsn: object = None) -> Re
     return error_class(sqlstate, primary)(text, sqlstate=sqlstate or None, lsn=lsn)
 
 
+def sql_error(
+    exc: psycopg.Error, doing: str, default: type[ReplicationError] = ReplicationError
+) -> ReplicationError:
+    """The pgcdc error for a failed statement on an ordinary (psycopg) connection."""
+    diag = exc.diag
+    primary = diag.message_primary or _first_line(exc)
+    sqlstate = exc.sqlstate or ""
+    text = describe_error(doing, primary, diag.message_detail, diag.message_hint)
+    return error_class(sqlstate, primary, default)(_one_line(text), sqlstate=sqlstate or None)
+
+
 def parse_conninfo(conninfo: str) -> dict[str, Any]:
     """A libpq connection string or URI as its parameters; `InvalidConninfo` (one line, no
     password in it) when libpq cannot parse it."""
     try:
         return conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidConninfo(f"invalid connection string: {_one_line(str(exc))}") from None
+
+
+def connect_timeout(params: dict[str, Any]) -> float:
+    """Seconds a connection attempt may take: ``connect_timeout`` (or PGCONNECT_TIMEOUT) as
+    libpq reads it, psycopg's default when unset or 0 (a wait must be bounded)."""
+    try:
+        return float(timeout_from_conninfo(params))
     except psycopg.ProgrammingError as exc:
         raise InvalidConninfo(f"invalid connection string: {_one_line(str(exc))}") from None
 
@@ -144,7 +175,7 @@ def connection_error(message: str, conninfo: str) -> ConnectionFailed | Permissi
 class ReplicationConnection:
     """One walsender session. Blocking; `read_copy_data` waits with a timeout."""
 
-    def __init__(self, pgconn: pq.PGconn, conninfo: str) -> None:
+    def __init__(self, pgconn: PGconn, conninfo: str) -> None:
         self.pgconn = pgconn
         self.conninfo = conninfo
         self.server_version: int = pgconn.server_version
@@ -152,16 +183,28 @@ class ReplicationConnection:
 
     @classmethod
     def connect(
-        cls, conninfo: str = "", *, application_name: str = "pgcdc"
+        cls, conninfo: str = "", *, application_name: str = "pgcdc", timeout: float | None = None
     ) -> ReplicationConnection:
-        """Connect with ``replication=database`` (conninfo: libpq string or URI; PG* env apply)."""
+        """Connect with ``replication=database`` (conninfo: libpq string or URI; PG* env apply).
+
+        The attempt waits interruptibly, at most `connect_timeout` seconds (or `timeout`, when
+        that is shorter).
+        """
         params = parse_conninfo(conninfo)
         params.setdefault("application_name", application_name)
         params["replication"] = "database"
         full = make_conninfo("", **params)
-        pgconn = pq.PGconn.connect(full.encode())
+        timeout = min(connect_timeout(params), timeout if timeout is not None else math.inf)
+        pgconn = pq.PGconn.connect_start(full.encode())
+        try:
+            in_time = _poll_until_connected(pgconn, time.monotonic() + timeout)
+        except BaseException:  # Ctrl-C while waiting
+            pgconn.finish()
+            raise
         if pgconn.status != pq.ConnStatus.OK:
             message = _one_line(pgconn.get_error_message())
+            if not in_time:
+                message = f"{message} timeout expired after {timeout:.0f} s".strip()
             pgconn.finish()
             raise connection_error(message, conninfo)
         return cls(pgconn, full)
@@ -181,9 +224,35 @@ class ReplicationConnection:
 
     # -- simple commands -------------------------------------------------------------------
 
+    def _exec(self, command: str, doing: str) -> PGresult:
+        """Send a simple-protocol command and wait for its result, interruptibly (Ctrl-C
+        arrives while waiting, not only once the server answered). The last result, or the
+        first error; a COPY result ends the wait (the session is then in COPY mode)."""
+        pgconn = self.pgconn
+        try:
+            pgconn.send_query(command.encode())
+            outcome: PGresult | None = None
+            while True:
+                while pgconn.is_busy():
+                    _wait_socket(pgconn, read=True, timeout=1.0)
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                if outcome is None or outcome.status != _E.FATAL_ERROR:
+                    outcome = result
+                if result.status in _COPY_STATES:
+                    break
+        except psycopg.OperationalError as exc:
+            raise ConnectionLost(f"{doing}: connection lost: {_first_line(exc)}") from None
+        if outcome is None:
+            message = _one_line(pgconn.get_error_message()) or "no result"
+            raise ConnectionLost(f"{doing}: connection lost: {message}")
+        return outcome
+
     def execute(self, command: str, doing: str | None = None) -> list[tuple[str | None, ...]]:
         """Run a simple-protocol command; rows as text tuples."""
-        result = self.pgconn.exec_(command.encode())
+        result = self._exec(command, doing or command)
         status = result.status
         if status == _E.FATAL_ERROR:
             if self.pgconn.status != pq.ConnStatus.OK:
@@ -191,7 +260,9 @@ class ReplicationConnection:
                 raise ConnectionLost(f"{doing or command}: connection lost: {message}")
             raise error_from_result(result, doing or command)
         if status not in (_E.COMMAND_OK, _E.TUPLES_OK):
-            raise ReplicationError(f"{doing or command}: unexpected result status {status.name}")
+            raise ReplicationError(
+                f"{doing or command}: unexpected result status {_E(status).name}"
+            )
         return [
             tuple(
                 None if (v := result.get_value(r, c)) is None else v.decode()
@@ -266,7 +337,7 @@ class ReplicationConnection:
             f"START_REPLICATION SLOT {identifier(slot)} LOGICAL {Lsn(start_lsn)} "
             f"({options.command_options()})"
         )
-        result = self.pgconn.exec_(command.encode())
+        result = self._exec(command, f"starting replication from slot {slot!r}")
         if result.status == _E.COPY_BOTH:
             self._in_copy = True
             return
@@ -274,7 +345,9 @@ class ReplicationConnection:
             raise error_from_result(
                 result, f"starting replication from slot {slot!r}", lsn=Lsn(start_lsn) or None
             )
-        raise ReplicationError(f"START_REPLICATION: unexpected result status {result.status.name}")
+        raise ReplicationError(
+            f"START_REPLICATION: unexpected result status {_E(result.status).name}"
+        )
 
     def read_copy_data(self, timeout: float) -> bytes | None:
         """The next CopyData payload, or None when `timeout` seconds passed without one.
@@ -338,18 +411,61 @@ class ReplicationConnection:
         if not self._in_copy:
             return
         self._in_copy = False
+        pgconn = self.pgconn
+        deadline = time.monotonic() + END_COPY_TIMEOUT
         try:
-            self.pgconn.put_copy_end()
-            self.pgconn.flush()
+            pgconn.put_copy_end()
+            pgconn.flush()
             # The server may still send CopyData before its own CopyDone; discard it.
             while True:
-                nbytes, _ = self.pgconn.get_copy_data(0)
+                nbytes, _ = pgconn.get_copy_data(1)
                 if nbytes < 0:
                     break
-            while self.pgconn.get_result() is not None:
-                pass
-        except Exception as exc:  # psycopg.OperationalError: nothing left to end cleanly
+                if nbytes == 0:
+                    _wait_socket(pgconn, read=True, timeout=deadline - time.monotonic())
+                    pgconn.consume_input()
+            while True:
+                while pgconn.is_busy():
+                    _wait_socket(pgconn, read=True, timeout=deadline - time.monotonic())
+                    pgconn.consume_input()
+                if pgconn.get_result() is None:
+                    break
+        except (psycopg.OperationalError, TimeoutError) as exc:  # nothing left to end cleanly
             raise ConnectionLost(f"ending the replication stream: {_first_line(exc)}") from None
+
+
+_COPY_STATES = frozenset({_E.COPY_BOTH, _E.COPY_IN, _E.COPY_OUT})
+
+
+def _wait_socket(pgconn: PGconn, *, read: bool, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for libpq's socket; False when the time ran out.
+
+    A plain `select`, so Ctrl-C (SIGINT) interrupts it; TimeoutError when `timeout` is not
+    positive, so that a caller looping towards a deadline stops there.
+    """
+    if timeout <= 0:
+        raise TimeoutError("timeout expired")
+    try:
+        sock = pgconn.socket
+        ready = select.select([sock] if read else [], [] if read else [sock], [], timeout)
+    except (OSError, ValueError) as exc:
+        raise psycopg.OperationalError(str(exc)) from None
+    return bool(ready[0] or ready[1])
+
+
+def _poll_until_connected(pgconn: PGconn, deadline: float) -> bool:
+    """Drive a `connect_start` connection until OK or failed; False if `deadline` came first
+    (the connection's status then says it is not OK)."""
+    status = _POLL.WRITING
+    while status not in (_POLL.OK, _POLL.FAILED) and pgconn.status != pq.ConnStatus.BAD:
+        try:
+            _wait_socket(pgconn, read=status == _POLL.READING, timeout=deadline - time.monotonic())
+        except TimeoutError:
+            return False
+        except psycopg.OperationalError:
+            return True  # no socket: libpq's message says why
+        status = _POLL(pgconn.connect_poll())
+    return True
 
 
 def _one_line(text: str) -> str:

@@ -11,9 +11,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import psycopg
 from psycopg import sql
 
-from pgcdc.errors import PublicationNotFound, UnsupportedOption
+from pgcdc.errors import PublicationError, PublicationNotFound, UnsupportedOption
+from pgcdc.replication.connection import sql_error
 from pgcdc.replication.slots import connect_sql
 
 __all__ = [
@@ -57,7 +59,7 @@ class TableSpec:
                 sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, self.columns)))
             )
         if self.where:
-            parts.append(sql.SQL(" WHERE ({})").format(sql.SQL(self.where)))  # type: ignore[arg-type]
+            parts.append(sql.SQL(" WHERE ({})").format(sql.SQL(self.where)))
         return sql.Composed(parts)
 
 
@@ -189,14 +191,14 @@ def create_publication(
             query += sql.SQL(" FOR ALL TABLES")
         elif tables:
             query += sql.SQL(" FOR TABLE ") + sql.SQL(", ").join(t.sql() for t in tables)
-        options = []
+        options: list[sql.Composable] = []
         if publish is not None:
             options.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
         if via_partition_root:
             options.append(sql.SQL("publish_via_partition_root = true"))
         if options:
             query += sql.SQL(" WITH (") + sql.SQL(", ").join(options) + sql.SQL(")")
-        conn.execute(query)
+        _execute(conn, query, f"creating publication {name!r}")
     return describe_publication(conninfo, name)
 
 
@@ -211,22 +213,37 @@ def alter_publication(
     with connect_sql(conninfo) as conn:
         _check_specs([*add, *(set_tables or ())], conn.info.server_version)
         ident = sql.Identifier(name)
+        doing = f"altering publication {name!r}"
         if set_tables is not None:
-            conn.execute(
+            _execute(
+                conn,
                 sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(ident)
-                + sql.SQL(", ").join(t.sql() for t in set_tables)
+                + sql.SQL(", ").join(t.sql() for t in set_tables),
+                doing,
             )
         if add:
-            conn.execute(
+            _execute(
+                conn,
                 sql.SQL("ALTER PUBLICATION {} ADD TABLE ").format(ident)
-                + sql.SQL(", ").join(t.sql() for t in add)
+                + sql.SQL(", ").join(t.sql() for t in add),
+                doing,
             )
         if drop:
-            conn.execute(
+            _execute(
+                conn,
                 sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(ident)
-                + sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in drop)
+                + sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in drop),
+                doing,
             )
     return describe_publication(conninfo, name)
+
+
+def _execute(conn: psycopg.Connection, query: sql.Composed, doing: str) -> None:
+    """Run one DDL statement; the server's refusal as one pgcdc error line."""
+    try:
+        conn.execute(query)
+    except psycopg.Error as exc:
+        raise sql_error(exc, doing, PublicationError) from None
 
 
 def _check_specs(specs: Sequence[TableSpec], server_version: int) -> None:

@@ -47,7 +47,9 @@ def record(client: ReplicationClient, path: Path, note: str = "") -> int:
     """
     if client.reconnect:
         raise ValueError("record() needs a client with reconnect=False")
-    with open(path, "wb") as file:
+    # Appending, and emptied only once the session started: a run that fails to start
+    # leaves an existing file as it was.
+    with open(path, "ab") as file:
         writer: CaptureWriter | None = None
 
         def on_frame(frame: bytes) -> None:
@@ -56,6 +58,7 @@ def record(client: ReplicationClient, path: Path, note: str = "") -> int:
 
         def on_session(stream: LogicalStream) -> None:
             nonlocal writer
+            file.truncate(0)
             writer = CaptureWriter(file, _header(stream, note))
 
         client.on_frame, client.on_session = on_frame, on_session

@@ -19,7 +19,7 @@ import psycopg
 
 from pgcdc.errors import ReplicationError
 from pgcdc.protocol import Decoder, Lsn, PgoutputMessage
-from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS, describe_error, error_class
+from pgcdc.replication.connection import DEFAULT_SESSION_SETTINGS, sql_error
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import connect_sql
 
@@ -50,13 +50,10 @@ class SqlTransport:
     def _run(self, query: str, params: tuple, doing: str) -> list[tuple]:
         try:
             with self.conn.cursor(binary=True) as cur:
-                cur.execute(query, params)  # type: ignore[arg-type]
+                cur.execute(query, params)
                 return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
-            diag = exc.diag
-            primary = diag.message_primary or str(exc).strip()
-            text = describe_error(doing, primary, diag.message_detail, diag.message_hint)
-            raise error_class(diag.sqlstate or "", primary)(text, sqlstate=diag.sqlstate) from None
+            raise sql_error(exc, doing) from None
 
     def changes(
         self,

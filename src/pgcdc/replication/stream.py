@@ -11,7 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from pgcdc.errors import PublicationNotFound, UnsupportedOption
+from pgcdc.errors import (
+    InvalidStartPosition,
+    PublicationNotFound,
+    SlotPluginMismatch,
+    UnsupportedOption,
+)
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -68,6 +73,7 @@ class LogicalStream:
         on_frame: Callable[[bytes], None] | None = None,
         acknowledge: bool = True,
         acks: Acknowledgement | None = None,
+        before_status: Callable[[], None] | None = None,
     ) -> None:
         self.conn = conn
         self.slot = slot
@@ -78,6 +84,9 @@ class LogicalStream:
         self.endpos = endpos
         self.until_idle = until_idle
         self.on_frame = on_frame
+        #: Called before each status update that may move the slot: a consumer that confirms
+        #: what it wrote but syncs it in batches makes it durable here (e.g. one fsync).
+        self.before_status = before_status
         self.acknowledge = acknowledge
         self.acks = acks if acks is not None else Acknowledgement(start=self.start_lsn)
         self.decoder = Decoder(self.options.proto_version, self.options.streaming)
@@ -95,6 +104,13 @@ class LogicalStream:
 
     def start(self) -> None:
         self.identity = self.conn.identify_system()
+        if self.start_lsn > self.identity.xlogpos:
+            # The server would start there and the slot would be confirmed past every change
+            # in between, unsent: refuse instead.
+            raise InvalidStartPosition(
+                f"start position {self.start_lsn} is past the server's WAL end "
+                f"{self.identity.xlogpos} (slot {self.slot!r}); nothing was confirmed"
+            )
         if self.until_idle and self.endpos is None:
             self.endpos = self.identity.xlogpos
         self.conn.apply_settings(DEFAULT_SESSION_SETTINGS | self.options.settings)
@@ -107,9 +123,10 @@ class LogicalStream:
         """Refuse, before streaming, what would otherwise fail later or silently.
 
         A missing publication: PG18 only warns and skips it, older servers fail once the
-        first change is decoded. A two-phase slot: the server decodes prepared transactions
-        at PREPARE whatever the session asks, and a session below proto_version 3 cannot
-        carry them.
+        first change is decoded. A slot of another output plugin (or a physical one): the
+        server would reject pgoutput's options one by one. A two-phase slot: the server
+        decodes prepared transactions at PREPARE whatever the session asks, and a session
+        below proto_version 3 cannot carry them.
         """
         names = ",".join(literal(n) for n in self.options.publication_names)
         found = {
@@ -126,18 +143,27 @@ class LogicalStream:
                 f"publication {', '.join(map(repr, missing))} does not exist "
                 f"in database {database!r}"
             )
-        proto = self.options.proto_version or 1
-        if self.conn.server_version >= 140000 and proto < 3:
-            rows = self.conn.execute(
-                "SELECT two_phase FROM pg_catalog.pg_replication_slots "
-                f"WHERE slot_name = {literal(self.slot)}",
-                "checking the slot",
+        two_phase = "two_phase" if self.conn.server_version >= 140000 else "false"
+        rows = self.conn.execute(
+            f"SELECT slot_type, plugin, {two_phase} FROM pg_catalog.pg_replication_slots "
+            f"WHERE slot_name = {literal(self.slot)}",
+            "checking the slot",
+        )
+        if not rows:
+            return  # START_REPLICATION says that the slot does not exist
+        slot_type, plugin, decodes_prepared = rows[0]
+        if slot_type != "logical" or plugin != "pgoutput":
+            kind = f"uses output plugin {plugin}" if plugin else f"is a {slot_type} slot"
+            raise SlotPluginMismatch(
+                f"slot {self.slot!r} {kind}; pgcdc needs a logical slot of plugin pgoutput "
+                "(pgcdc slot create NAME makes one)"
             )
-            if rows and rows[0][0] == "t":
-                raise UnsupportedOption(
-                    f"slot {self.slot!r} decodes prepared transactions (two-phase), which "
-                    f"needs proto_version 3 or higher; {proto} was requested"
-                )
+        proto = self.options.proto_version or 1
+        if decodes_prepared == "t" and proto < 3:
+            raise UnsupportedOption(
+                f"slot {self.slot!r} decodes prepared transactions (two-phase), which "
+                f"needs proto_version 3 or higher; {proto} was requested"
+            )
 
     def confirm(self, lsn: Lsn) -> None:
         """The consumer has durably handled everything up to `lsn` (a delivered end LSN)."""
@@ -149,6 +175,8 @@ class LogicalStream:
 
     def send_status(self, reply_requested: bool = False) -> None:
         acks = self.acks
+        if self.acknowledge and self.before_status is not None:
+            self.before_status()
         # Flush 0 leaves the slot where it is (the server ignores a zero flush position).
         flush = acks.flush_lsn if self.acknowledge else INVALID_LSN
         update = StandbyStatusUpdate(

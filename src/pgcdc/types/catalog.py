@@ -52,6 +52,11 @@ def enum_codec(oid: int, name: str, *, array_oid: int | None = None) -> TypeCode
     return TypeCodec(oid, name, _text, _text, array_oid, structure="enum")
 
 
+def _unknown_binary(oid: int) -> Callable[[bytes], Any]:
+    """The binary parser of a type without one: its bytes, kept with the OID."""
+    return lambda data: UnknownBinary(oid, data)
+
+
 def composite_codec(
     oid: int,
     name: str,
@@ -67,7 +72,7 @@ def composite_codec(
     names = [f for f, _ in fields]
     text_parsers = [c.from_text for _, c in fields]
     binary_parsers: list[tuple[int, Callable[[bytes], Any]]] = [
-        (c.oid, c.from_binary or (lambda d, o=c.oid: UnknownBinary(o, d))) for _, c in fields
+        (c.oid, c.from_binary or _unknown_binary(c.oid)) for _, c in fields
     ]
     count = len(fields)
 
@@ -120,7 +125,7 @@ def composite_codec(
                 expected, parse = binary_parsers[k]
                 if type_oid != expected:
                     codec = registry.get(type_oid)
-                    parse = codec.from_binary or (lambda d, o=type_oid: UnknownBinary(o, d))
+                    parse = codec.from_binary or _unknown_binary(type_oid)
                 pos += length
                 if pos > len(data):
                     raise ValueDecodeError(f"{name} binary field runs past the end")

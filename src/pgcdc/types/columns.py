@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +82,7 @@ _TRUE, _FALSE = pa.scalar("t"), pa.scalar("f")
 
 def _bool(strings: pa.Array) -> pa.Array:
     true = pc.equal(strings, _TRUE)
-    known = pc.sum(pc.or_(true, pc.equal(strings, _FALSE))).as_py() or 0
+    known = pc.or_(true, pc.equal(strings, _FALSE)).true_count
     if known != len(strings) - strings.null_count:
         raise ValueError("a bool text other than t or f")
     return true
@@ -101,8 +102,11 @@ def _bytea(strings: pa.Array) -> pa.Array:
     if strings.offset:
         raise ValueError("an array with an offset")
     validity, offsets_buffer, data_buffer = strings.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32, count=n + 1)
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer else np.empty(0, np.uint8)
+    assert offsets_buffer is not None
+    offsets = np.frombuffer(memoryview(offsets_buffer), dtype=np.int32, count=n + 1)
+    data = (
+        np.frombuffer(memoryview(data_buffer), np.uint8) if data_buffer else np.empty(0, np.uint8)
+    )
     lengths = np.diff(offsets)
     valid = pc.is_valid(strings).to_numpy(zero_copy_only=False)
     if lengths[~valid].any():
@@ -127,7 +131,7 @@ def _bytea(strings: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(
         pa.binary(),
         n,
-        [validity, pa.py_buffer(out_offsets), pa.py_buffer(out)],
+        [validity, pa.py_buffer(out_offsets.data), pa.py_buffer(out.data)],
         null_count=strings.null_count,
     )
 
@@ -231,7 +235,8 @@ class TextColumns:
             else:
                 arrays.append(pa.nulls(rows, type=marker))
         if not arrays:
-            return pa.RecordBatch.from_struct_array(pa.nulls(rows, pa.struct([])).fill_null({}))
+            no_columns = cast(pa.StructArray, pa.array([{}] * rows, pa.struct([])))
+            return pa.RecordBatch.from_struct_array(no_columns)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def column(self, i: int, strings: pa.Array) -> tuple[pa.Array, list[int]]:
@@ -251,14 +256,15 @@ class TextColumns:
         if fast.pattern is None:
             return self._fallback(i, strings)
         # Convert the texts in the server's usual form in bulk, the others one by one.
-        usual = pc.fill_null(pc.match_substring_regex(strings, fast.pattern), True)
+        matched = pc.match_substring_regex(strings, fast.pattern)
+        usual = cast(pa.BooleanArray, matched.fill_null(True))
         try:
             bulk = fast.convert(pc.if_else(usual, strings, pa.scalar(None, pa.string())))
         except _REFUSED:
             return self._fallback(i, strings)
         unusual = pc.invert(usual)
         positions = np.flatnonzero(unusual.to_numpy(zero_copy_only=False))
-        values, nulled = self._fallback(i, strings.take(pa.array(positions)))
+        values, nulled = self._fallback(i, strings.take(positions))
         merged = pc.replace_with_mask(bulk, unusual, values)
         return merged, [int(positions[k]) for k in nulled]
 

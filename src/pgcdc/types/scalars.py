@@ -8,6 +8,8 @@ extra_float_digits 3, so they round-trip exactly).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from pgcdc.errors import ValueDecodeError
 from pgcdc.types.registry import register
@@ -36,10 +38,10 @@ def _int_text(data: bytes) -> int:
         raise ValueDecodeError(f"invalid integer text {data!r}") from None
 
 
-def _unpacker(fmt: str, what: str):
+def _unpacker(fmt: str, what: str) -> Callable[[bytes], Any]:
     layout = struct.Struct(fmt)
 
-    def unpack(data: bytes):
+    def unpack(data: bytes) -> Any:
         if len(data) != layout.size:
             raise ValueDecodeError(f"{what} binary needs {layout.size} bytes, got {len(data)}")
         return layout.unpack(data)[0]

@@ -220,7 +220,7 @@ def test_a_table_added_later_is_copied_while_the_others_stream(
     first = Pipeline(parse_config(config), spark)
     runner = threading.Thread(target=first.run, daemon=True)
     runner.start()
-    _wait(lambda: first.stats.batches > 0 or first.query is not None)
+    _wait(lambda: first.stats.batches > 0 or first.spooler is not None)
     pg.execute("INSERT INTO customers VALUES (900001, 'streamed', 1, NULL)")
     _wait(lambda: _ids(lake / "public.customers", 900001))
     first.stop()

@@ -1,38 +1,42 @@
-"""The spool: batch planning by whole transactions, ranges for executors, release, damage."""
+"""The spool: batch planning by whole transactions, per-relation ranges read back as the
+envelope, an interrupted transaction cut off, release, damage."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from pgcdc.decoding.model import Change, ChangeAction
 from pgcdc.errors import SpoolError
-from pgcdc.protocol import Column, Lsn, Relation, TupleData
-from pgcdc.spark.envelope import SpooledTransaction
-from pgcdc.spark.spool import Spool, SpoolRange, read_range
+from pgcdc.protocol import Column, Insert, Lsn, Message, Relation, Truncate, TupleData, encode
+from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, read_envelope
 
 REL = Relation(16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
+OTHER = Relation(16385, "public", "u", "d", (Column(1, "id", 23, -1),))
 
 
-def txn(end: int, rows: int) -> SpooledTransaction:
-    changes = [
-        Change(
-            ChangeAction.INSERT,
-            REL,
-            TupleData(b"tt", (str(i).encode(), b"x" * 50)),
-            lsn=Lsn(end - 10),
-        )
-        for i in range(rows)
-    ]
-    return SpooledTransaction(Lsn(end - 5), Lsn(end), 700 + end, 0, None, list(changes))
+def insert(rel: Relation, i: int) -> bytes:
+    values = (str(i).encode(), b"x" * 50)[: len(rel.columns)]
+    return encode(Insert(rel.relid, TupleData(b"t" * len(values), values)))
+
+
+def commit(spool: Spool, end: int, rows: int, rel: Relation = REL) -> None:
+    spool.begin()
+    for i in range(rows):
+        spool.change(rel, end - 10, insert(rel, i))
+    spool.commit(Lsn(end - 5), Lsn(end), 700 + end, 1_000_000, None)
 
 
 def filled(tmp_path: Path, sizes: list[int], **kwargs: int) -> Spool:
     spool = Spool(tmp_path / "spool", **kwargs)
     for i, rows in enumerate(sizes, 1):
-        spool.append(txn(1000 * i, rows))
+        commit(spool, 1000 * i, rows)
     return spool
+
+
+def envelope(ranges: list[SpoolRange]) -> pa.Table:
+    return pa.Table.from_batches(list(read_envelope(ranges)))
 
 
 def test_plan_takes_whole_transactions_within_limits(tmp_path: Path) -> None:
@@ -44,35 +48,73 @@ def test_plan_takes_whole_transactions_within_limits(tmp_path: Path) -> None:
     assert spool.plan(Lsn(2000), max_changes=2) == (Lsn(3000), 5)
     assert spool.plan(Lsn(4000)) == (Lsn(4000), 0)
     assert spool.plan(Lsn(0), upto=Lsn(2500)) == (Lsn(2000), 6)
-    one_record = spool.ranges(Lsn(0), Lsn(1000), target_bytes=1)[0].length
-    assert spool.plan(Lsn(0), max_bytes=one_record * 2) == (Lsn(2000), 6)
+    first = spool.batch(Lsn(0), Lsn(1000))
+    assert spool.plan(Lsn(0), max_bytes=first.bytes * 2) == (Lsn(2000), 6)
+    info = spool.batch(Lsn(1000), Lsn(3000))
+    assert (info.transactions, info.changes) == (2, 8)
+    assert (info.first_commit_lsn, info.last_commit_lsn) == (Lsn(1995), Lsn(2995))
+    assert info.last_commit_time is not None and info.last_commit_time.year == 2000
 
 
-def test_ranges_cover_the_batch_and_read_back(tmp_path: Path) -> None:
-    spool = filled(tmp_path, [2, 2, 2, 2, 2], segment_bytes=1500)
-    ranges = spool.ranges(Lsn(1000), Lsn(4000), target_bytes=1)
-    assert [r.changes for r in ranges] == [2, 2, 2]
-    read = [t.end_lsn for r in ranges for t in read_range(r)]
-    assert read == [2000, 3000, 4000]
-    whole = spool.ranges(Lsn(0), Lsn(5000), target_bytes=1 << 20)
-    assert sum(r.changes for r in whole) == 10
-    assert len({r.path for r in whole}) == len(whole)  # one range per segment at most
-    first = next(read_range(whole[0]))
-    assert first.entries[1].new.values == (b"1", b"x" * 50)
+def test_ranges_per_relation_read_back_as_the_envelope(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool", segment_bytes=1500)
+    commit(spool, 1000, 2)
+    spool.begin()  # a transaction of two tables, a truncate and a message
+    spool.change(REL, 1990, insert(REL, 7))
+    spool.change(OTHER, 1991, insert(OTHER, 8))
+    spool.truncate([REL, OTHER], Truncate(1, (REL.relid, OTHER.relid)), 1992)
+    spool.message(Message(1, Lsn(1993), "p", b"hi"))
+    spool.commit(Lsn(1995), Lsn(2000), 9, None, "o")
+    for end in (3000, 4000, 5000):
+        commit(spool, end, 2)
+    ranges = spool.ranges(Lsn(1000), Lsn(4000))
+    assert set(ranges) == {REL.relid, OTHER.relid, MESSAGES}
+    assert sum(r.changes for r in ranges[REL.relid]) == 2 + 4
+    assert len({r.path for r in ranges[REL.relid]}) == len(ranges[REL.relid])  # one a segment
+    rows = envelope([r for found in ranges.values() for r in found]).to_pylist()
+    second = sorted(
+        (r["ordinal"], r["op"], r["table"], r["origin"]) for r in rows if r["commit_lsn"] == 1995
+    )
+    assert second == [
+        (1, "insert", "t", "o"),
+        (2, "insert", "u", "o"),
+        (3, "truncate", "t", "o"),
+        (4, "truncate", "u", "o"),
+        (5, "message", None, "o"),
+    ]
+    assert sorted(r["commit_lsn"] for r in rows if r["table"] == "t" and r["op"] == "insert") == [
+        1995,
+        2995,
+        2995,
+        3995,
+        3995,
+    ]
+    assert next(r["after"] for r in rows if r["commit_lsn"] == 2995) == [
+        ("id", "0"),
+        ("v", "x" * 50),
+    ]
+
+
+def test_an_interrupted_transaction_is_cut_off(tmp_path: Path) -> None:
+    """After a lost connection the server sends a transaction again from its start."""
+    spool = filled(tmp_path, [1])
+    spool.begin()
+    spool.change(REL, 1990, insert(REL, 1))
+    spool.change(REL, 1991, insert(REL, 2))
+    commit(spool, 2000, 1)  # begins again: the two changes above are gone
+    rows = envelope(spool.ranges(Lsn(0), Lsn(2000))[REL.relid]).to_pylist()
+    assert [(r["commit_lsn"], r["ordinal"]) for r in rows] == [(995, 1), (1995, 1)]
 
 
 def test_release_deletes_finished_segments(tmp_path: Path) -> None:
-    spool = filled(tmp_path, [2] * 6, segment_bytes=1500)
+    spool = filled(tmp_path, [2] * 6, segment_bytes=500)
     segments = sorted((tmp_path / "spool").iterdir())
     assert len(segments) >= 3
     spool.release(Lsn(4000))
     assert spool.plan(Lsn(0)) == (Lsn(6000), 4)
     remaining = sorted((tmp_path / "spool").iterdir())
     assert segments[0] not in remaining and remaining[-1] == segments[-1]
-    assert (
-        spool.bytes_held
-        < sum(r.length for r in spool.ranges(Lsn(0), Lsn(6000), target_bytes=1)) + 1
-    )
+    assert spool.bytes_held == spool.batch(Lsn(0), Lsn(6000)).bytes
     spool.close()
     assert not (tmp_path / "spool").exists()
 
@@ -80,19 +122,17 @@ def test_release_deletes_finished_segments(tmp_path: Path) -> None:
 def test_positions_must_increase(tmp_path: Path) -> None:
     spool = filled(tmp_path, [1, 1])
     with pytest.raises(SpoolError, match="ending at 0/3E8 arrived after one ending at 0/7D0"):
-        spool.append(txn(1000, 1))
+        commit(spool, 1000, 1)
 
 
 def test_damaged_record_is_reported_with_its_position(tmp_path: Path) -> None:
     spool = filled(tmp_path, [1, 1])
-    (whole,) = spool.ranges(Lsn(0), Lsn(2000), target_bytes=1 << 20)
+    (whole,) = spool.ranges(Lsn(0), Lsn(2000))[REL.relid]
     data = bytearray(Path(whole.path).read_bytes())
     data[-3] ^= 0xFF
     Path(whole.path).write_bytes(bytes(data))
-    records = read_range(whole)
-    next(records)
-    with pytest.raises(SpoolError, match=r"record at byte \d+ is damaged"):
-        next(records)
-    missing = SpoolRange(str(tmp_path / "nowhere"), 0, 10, 1)
+    with pytest.raises(SpoolError, match=r"spool file .*: record at byte \d+: checksum mismatch"):
+        envelope([whole])
+    missing = SpoolRange(REL.relid, str(tmp_path / "nowhere"), 0, 10, 1, ())
     with pytest.raises(SpoolError, match="shared storage"):
-        list(read_range(missing))
+        envelope([missing])

@@ -4,13 +4,14 @@ as the pipeline hands them to a target."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from pgcdc.decoding.model import Change, ChangeAction, Truncation
-from pgcdc.protocol import Column, Lsn, Relation, TupleData
-from pgcdc.spark.envelope import EnvelopeBuilder, SpooledTransaction
+from pgcdc.envelope import EnvelopeBuilder
+from pgcdc.protocol import Column, Delete, Insert, Lsn, Relation, TupleData, Update
 
 INT2, INT4, INT8, TEXT, NUMERIC, TIMESTAMPTZ, JSONB, INT4_ARRAY = (
     21,
@@ -87,14 +88,44 @@ def truncate(*rels: Relation) -> tuple[Truncation, tuple[Relation, ...]]:
     return (Truncation(False, False, Lsn(next(_lsns)), relids=relids), rels)
 
 
-def txn(commit_lsn: int, *entries: Any) -> SpooledTransaction:
-    return SpooledTransaction(Lsn(commit_lsn), Lsn(commit_lsn + 8), 700, None, None, list(entries))
+@dataclass(frozen=True)
+class Txn:
+    commit_lsn: int
+    entries: tuple[Any, ...]
 
 
-def envelope(*txns: SpooledTransaction, reverse: bool = False) -> pa.Table:
+def txn(commit_lsn: int, *entries: Any) -> Txn:
+    return Txn(commit_lsn, entries)
+
+
+def _message(change: Change) -> Insert | Update | Delete:
+    rel = change.relation
+    if change.action is ChangeAction.INSERT:
+        assert change.new is not None
+        return Insert(rel.relid, change.new)
+    if change.action is ChangeAction.UPDATE:
+        assert change.new is not None
+        return Update(rel.relid, change.old_kind, change.old, change.new)  # type: ignore[arg-type]
+    return Delete(rel.relid, change.old_kind, change.old)  # type: ignore[arg-type]
+
+
+def envelope(*txns: Txn, reverse: bool = False) -> pa.Table:
     """The envelope rows of `txns`, reversed when asked (a target sorts them itself)."""
     builder = EnvelopeBuilder()
-    builder.add_all(txns)
+    for t in txns:
+        builder.begin(t.commit_lsn, 700, None, None)
+        ordinal = 0
+        for entry in t.entries:
+            if isinstance(entry, Change):
+                ordinal += 1
+                builder.change(ordinal, _message(entry), entry.relation, entry.lsn)
+            else:
+                truncation, rels = entry
+                for rel in rels:
+                    ordinal += 1
+                    builder.truncate(
+                        ordinal, rel, truncation.cascade, truncation.restart_seqs, truncation.lsn
+                    )
     table = pa.Table.from_batches([builder.flush()])
     if reverse:
         table = table.take(pa.array(range(table.num_rows - 1, -1, -1)))

@@ -55,6 +55,7 @@ from pgcdc.protocol import (
     StreamStop,
     Truncate,
     Type,
+    UndecodedChange,
     Update,
 )
 from pgcdc.replication.acknowledgement import Acknowledgement
@@ -63,6 +64,11 @@ __all__ = ["Fate", "TransactionAssembler"]
 
 log = logging.getLogger("pgcdc.decoding")
 
+_ACTIONS = {
+    ord("I"): ChangeAction.INSERT,
+    ord("U"): ChangeAction.UPDATE,
+    ord("D"): ChangeAction.DELETE,
+}
 # Entries of a buffered transaction.
 _CHANGE, _TRUNCATE, _MESSAGE = "change", "truncate", "message"
 
@@ -369,8 +375,15 @@ class TransactionAssembler:
 
     # -- changes, truncate, messages ---------------------------------------------------------
 
-    def _change(self, message: Insert | Update | Delete, lsn: Lsn | None) -> None:
+    def _change(self, message: Insert | Update | Delete | UndecodedChange, lsn: Lsn | None) -> None:
         relation = self._relation_of(message.relid)
+        if type(message) is UndecodedChange:
+            action = _ACTIONS[message.code]
+            change = Change(
+                action, relation, None, lsn=lsn, subxid=message.xid, raw=message.message
+            )
+            self._entry(_CHANGE, change, message.xid, 100 + len(message.message))
+            return
         if type(message) is Insert:
             change = Change(ChangeAction.INSERT, relation, message.new, lsn=lsn, subxid=message.xid)
         elif type(message) is Update:
@@ -615,6 +628,7 @@ _HANDLERS = {
     Insert: TransactionAssembler._change,
     Update: TransactionAssembler._change,
     Delete: TransactionAssembler._change,
+    UndecodedChange: TransactionAssembler._change,
     Truncate: TransactionAssembler._truncate,
     Message: TransactionAssembler._message,
     Commit: TransactionAssembler._commit,

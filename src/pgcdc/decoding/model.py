@@ -69,7 +69,9 @@ class Change:
     `old` is the old key (`old_kind` ``K``: non-key columns come as NULL) or the whole old row
     (``O``, replica identity full); None when the server logged no old tuple. `new` is None for
     a DELETE. `lsn` is the change's own WAL position (order by commit, not by it). `subxid` is
-    the (sub)transaction that made the change when it came in a streamed block.
+    the (sub)transaction that made the change when it came in a streamed block. For a plugin
+    that asks for undecoded rows (`OutputPlugin.undecoded_rows`), `raw` holds the message's
+    bytes (`pgcdc.protocol.UndecodedChange`) and `new` and `old` are None.
     """
 
     action: ChangeAction
@@ -79,11 +81,12 @@ class Change:
     old_kind: str | None = None
     lsn: Lsn | None = None
     subxid: int | None = None
+    raw: bytes | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Spilled transactions are pickled change by change; see TupleData.__reduce__.
         fields = (self.action, self.relation, self.new, self.old, self.old_kind, self.lsn)
-        return (Change, (*fields, self.subxid))
+        return (Change, (*fields, self.subxid, self.raw))
 
     @property
     def unchanged_toast_columns(self) -> tuple[str, ...]:

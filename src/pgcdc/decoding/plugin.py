@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pgcdc.decoding.model import Change, Transaction, Truncation
 from pgcdc.errors import PluginLoadError
@@ -58,6 +58,10 @@ class OutputPluginOptions:
 
 class OutputPlugin:
     """Base class of output plugins; override the callbacks you implement."""
+
+    #: True for a plugin that stores changes to decode them later, in bulk (pgcdc's spool):
+    #: its changes carry the message's bytes (`Change.raw`) instead of decoded tuples.
+    undecoded_rows: ClassVar[bool] = False
 
     def startup(self, ctx: DecodingContext, options: OutputPluginOptions, is_init: bool) -> None:
         """Validate ``ctx.options``, set up ``ctx.output_plugin_private``, fill `options`.

@@ -119,6 +119,7 @@ class PluginRunner:
                 self.slot,
                 options,
                 on_session=self._session_started,
+                undecoded_rows=self.plugin_class.undecoded_rows,
                 **self.client_options,  # type: ignore[arg-type]
             )
             self.assembler = assembler = TransactionAssembler(

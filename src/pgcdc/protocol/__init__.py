@@ -34,6 +34,7 @@ from pgcdc.protocol.messages import (
     Truncate,
     TupleData,
     Type,
+    UndecodedChange,
     Update,
 )
 from pgcdc.protocol.speedups import parse_frame
@@ -67,6 +68,7 @@ __all__ = [
     "Truncate",
     "TupleData",
     "Type",
+    "UndecodedChange",
     "Update",
     "XLogData",
     "datetime_to_pg_timestamp",

@@ -15,6 +15,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 #ifndef Py_T_OBJECT_EX
@@ -299,6 +301,371 @@ parse_xlogdata(PyObject *module, PyObject *data)
     return shape_new(&xlog_shape, fields);
 }
 
+/* ---- RowColumns: change frames of one relation, decoded into column buffers ------------
+ *
+ * A change frame is `uint32 ordinal | uint64 lsn | uint32 length | message` (big-endian), the
+ * message an Insert, Update or Delete without a stream block's xid prefix. `add` decodes the
+ * frames of a byte range into growing buffers: per row the ordinal, LSN, operation (0 insert,
+ * 1 update, 2 delete) and old tuple kind ('K', 'O' or 0); per cell (row-major, `ncols` cells
+ * a row, for the new and the old tuple apart) the kind byte (0 where the row has no such
+ * tuple), and the values' bytes with int32 offsets, Arrow's string layout. It stops at the
+ * first frame it cannot decode (another message type, a different relation, anything
+ * malformed) and returns that frame's offset, so the Python path can take over there.
+ */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    if (b->len + extra <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int
+buf_put(Buf *b, const void *src, Py_ssize_t size)
+{
+    if (buf_reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->len, src, size);
+    b->len += size;
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t ncols;
+    uint32_t relid;
+    Py_ssize_t rows;
+    Buf ordinal, lsn, op, old_kind;
+    Buf kinds[2], offsets[2], values[2];  /* [0] new tuple, [1] old tuple */
+} RowColumns;
+
+static void
+rowcolumns_free_bufs(RowColumns *self)
+{
+    Buf *all[] = {&self->ordinal, &self->lsn, &self->op, &self->old_kind, &self->kinds[0],
+                  &self->kinds[1], &self->offsets[0], &self->offsets[1], &self->values[0],
+                  &self->values[1]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        PyMem_Free(all[i]->data);
+        all[i]->data = NULL;
+        all[i]->len = all[i]->cap = 0;
+    }
+}
+
+static int
+rowcolumns_reset(RowColumns *self)
+{
+    rowcolumns_free_bufs(self);
+    self->rows = 0;
+    int32_t zero = 0;
+    return buf_put(&self->offsets[0], &zero, 4) < 0 || buf_put(&self->offsets[1], &zero, 4) < 0
+               ? -1
+               : 0;
+}
+
+static int
+rowcolumns_init(RowColumns *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"relid", "ncols", NULL};
+    unsigned long relid;
+    Py_ssize_t ncols;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "kn", names, &relid, &ncols))
+        return -1;
+    if (ncols < 0 || ncols > 1664) {
+        PyErr_SetString(PyExc_ValueError, "ncols must be between 0 and 1664");
+        return -1;
+    }
+    self->relid = (uint32_t)relid;
+    self->ncols = ncols;
+    return rowcolumns_reset(self);
+}
+
+static void
+rowcolumns_dealloc(RowColumns *self)
+{
+    rowcolumns_free_bufs(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Parse a TupleData at *pos into the side's buffers; 0 ok, ANOMALY, or -1 (Python error). */
+static int
+put_tuple(RowColumns *self, int side, const unsigned char *buf, Py_ssize_t end, Py_ssize_t *pos)
+{
+    Py_ssize_t p = *pos, ncols = self->ncols;
+    if (p + 2 > end || (Py_ssize_t)((buf[p] << 8) | buf[p + 1]) != ncols)
+        return ANOMALY;
+    p += 2;
+    if (buf_reserve(&self->kinds[side], ncols) < 0
+        || buf_reserve(&self->offsets[side], 4 * ncols) < 0)
+        return -1;
+    char *kinds = self->kinds[side].data + self->kinds[side].len;
+    int32_t *offsets = (int32_t *)(self->offsets[side].data + self->offsets[side].len);
+    Buf *values = &self->values[side];
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (p >= end)
+            return ANOMALY;
+        unsigned char kind = buf[p];
+        if (kind == 't' || kind == 'b') {
+            if (end - p < 5)
+                return ANOMALY;
+            Py_ssize_t size = (Py_ssize_t)u32(buf + p + 1);
+            p += 5;
+            if (size > end - p || values->len + size > INT32_MAX)
+                return ANOMALY;
+            if (buf_put(values, buf + p, size) < 0)
+                return -1;
+            p += size;
+        }
+        else if (kind == 'n' || kind == 'u') {
+            p += 1;
+        }
+        else {
+            return ANOMALY;
+        }
+        kinds[i] = (char)kind;
+        offsets[i] = (int32_t)values->len;
+    }
+    self->kinds[side].len += ncols;
+    self->offsets[side].len += 4 * ncols;
+    *pos = p;
+    return 0;
+}
+
+/* Cells of a row without that tuple: kind 0, empty values. */
+static int
+put_absent(RowColumns *self, int side)
+{
+    Py_ssize_t ncols = self->ncols;
+    if (buf_reserve(&self->kinds[side], ncols) < 0
+        || buf_reserve(&self->offsets[side], 4 * ncols) < 0)
+        return -1;
+    memset(self->kinds[side].data + self->kinds[side].len, 0, ncols);
+    int32_t last = (int32_t)self->values[side].len;
+    int32_t *offsets = (int32_t *)(self->offsets[side].data + self->offsets[side].len);
+    for (Py_ssize_t i = 0; i < ncols; i++)
+        offsets[i] = last;
+    self->kinds[side].len += ncols;
+    self->offsets[side].len += 4 * ncols;
+    return 0;
+}
+
+/* Lengths of all buffers, to undo a row that failed half-way. */
+typedef struct {
+    Py_ssize_t lens[10];
+} Mark;
+
+static void
+mark_take(RowColumns *self, Mark *m)
+{
+    Buf *all[] = {&self->ordinal, &self->lsn, &self->op, &self->old_kind, &self->kinds[0],
+                  &self->kinds[1], &self->offsets[0], &self->offsets[1], &self->values[0],
+                  &self->values[1]};
+    for (int i = 0; i < 10; i++)
+        m->lens[i] = all[i]->len;
+}
+
+static void
+mark_undo(RowColumns *self, const Mark *m)
+{
+    Buf *all[] = {&self->ordinal, &self->lsn, &self->op, &self->old_kind, &self->kinds[0],
+                  &self->kinds[1], &self->offsets[0], &self->offsets[1], &self->values[0],
+                  &self->values[1]};
+    for (int i = 0; i < 10; i++)
+        all[i]->len = m->lens[i];
+}
+
+/* One frame's message (buf[start:end]) as a row: 0, ANOMALY or -1. */
+static int
+put_row(RowColumns *self, const unsigned char *buf, Py_ssize_t start, Py_ssize_t end)
+{
+    if (end - start < 6 || u32(buf + start + 1) != self->relid)
+        return ANOMALY;
+    unsigned char code = buf[start];
+    Py_ssize_t pos = start + 5;
+    unsigned char marker = buf[pos], op, old_kind = 0;
+    int rc;
+    if (code == 'I') {
+        if (marker != 'N')
+            return ANOMALY;
+        pos += 1;
+        op = 0;
+        if ((rc = put_tuple(self, 0, buf, end, &pos)) != 0)
+            return rc;
+        if (put_absent(self, 1) < 0)
+            return -1;
+    }
+    else if (code == 'U' || code == 'D') {
+        op = code == 'U' ? 1 : 2;
+        if (marker == 'K' || marker == 'O') {
+            old_kind = marker;
+            pos += 1;
+            if ((rc = put_tuple(self, 1, buf, end, &pos)) != 0)
+                return rc;
+        }
+        else if (code == 'D') {
+            return ANOMALY;
+        }
+        else if (put_absent(self, 1) < 0) {
+            return -1;
+        }
+        if (code == 'U') {
+            if (pos >= end || buf[pos] != 'N')
+                return ANOMALY;
+            pos += 1;
+            if ((rc = put_tuple(self, 0, buf, end, &pos)) != 0)
+                return rc;
+        }
+        else if (put_absent(self, 0) < 0) {
+            return -1;
+        }
+    }
+    else {
+        return ANOMALY;
+    }
+    if (pos != end)
+        return ANOMALY;
+    if (buf_put(&self->op, &op, 1) < 0 || buf_put(&self->old_kind, &old_kind, 1) < 0)
+        return -1;
+    return 0;
+}
+
+/* add(buffer, start, end) -> offset of the first frame not taken (end when all were) */
+static PyObject *
+rowcolumns_add(RowColumns *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add(buffer, start, end)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    start = PyLong_AsSsize_t(args[1]);
+    end = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || end == -1) && PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (start < 0 || end > view.len || start > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "add(): range out of the buffer");
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t pos = start;
+    while (pos < end) {
+        if (end - pos < 16)
+            break;
+        Py_ssize_t size = (Py_ssize_t)u32(buf + pos + 12);
+        if (size > end - pos - 16)
+            break;
+        Mark mark;
+        mark_take(self, &mark);
+        int rc = put_row(self, buf, pos + 16, pos + 16 + size);
+        if (rc == 0) {
+            uint64_t ordinal = u32(buf + pos), lsn = u64(buf + pos + 4);
+            int64_t o = (int64_t)ordinal, l = (int64_t)lsn;
+            if (buf_put(&self->ordinal, &o, 8) < 0 || buf_put(&self->lsn, &l, 8) < 0)
+                rc = -1;
+        }
+        if (rc != 0) {
+            mark_undo(self, &mark);
+            if (rc < 0) {
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            break;
+        }
+        self->rows += 1;
+        pos += 16 + size;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(pos);
+}
+
+static PyObject *
+buf_bytes(Buf *b)
+{
+    return PyBytes_FromStringAndSize(b->data ? b->data : "", b->len);
+}
+
+/* finish() -> (rows, ordinal, lsn, op, old_kind, new kinds, new offsets, new values,
+ *              old kinds, old offsets, old values) as bytes; the buffers start over. */
+static PyObject *
+rowcolumns_finish(RowColumns *self, PyObject *unused)
+{
+    PyObject *result = Py_BuildValue(
+        "(nNNNNNNNNNN)", self->rows, buf_bytes(&self->ordinal), buf_bytes(&self->lsn),
+        buf_bytes(&self->op), buf_bytes(&self->old_kind), buf_bytes(&self->kinds[0]),
+        buf_bytes(&self->offsets[0]), buf_bytes(&self->values[0]), buf_bytes(&self->kinds[1]),
+        buf_bytes(&self->offsets[1]), buf_bytes(&self->values[1]));
+    if (result == NULL)
+        return NULL;
+    if (rowcolumns_reset(self) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static PyObject *
+rowcolumns_get_rows(RowColumns *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->rows);
+}
+
+static PyObject *
+rowcolumns_get_bytes(RowColumns *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->values[0].len + self->values[1].len);
+}
+
+static PyMethodDef rowcolumns_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))rowcolumns_add, METH_FASTCALL, NULL},
+    {"finish", (PyCFunction)rowcolumns_finish, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef rowcolumns_getset[] = {
+    {"rows", (getter)rowcolumns_get_rows, NULL, NULL, NULL},
+    {"value_bytes", (getter)rowcolumns_get_bytes, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RowColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pgcdc.protocol._speedups.RowColumns",
+    .tp_basicsize = sizeof(RowColumns),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)rowcolumns_init,
+    .tp_dealloc = (destructor)rowcolumns_dealloc,
+    .tp_methods = rowcolumns_methods,
+    .tp_getset = rowcolumns_getset,
+};
+
 /* configure(TupleData, Insert, Update, Delete, Relation, XLogData, Lsn) */
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -348,5 +715,14 @@ PyInit__speedups(void)
     str_O = PyUnicode_InternFromString("O");
     if (str_K == NULL || str_O == NULL)
         return NULL;
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&RowColumnsType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "RowColumns", (PyObject *)&RowColumnsType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

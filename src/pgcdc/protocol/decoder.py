@@ -49,6 +49,7 @@ from pgcdc.protocol.messages import (
     Truncate,
     TupleData,
     Type,
+    UndecodedChange,
     Update,
     fast_constructor,
 )
@@ -80,6 +81,7 @@ _PREPARE = struct.Struct(">BQQqI")  # flags, lsn, end_lsn, ts, xid (P, K, p)
 _ROLLBACK_PREPARED = struct.Struct(">BQQqqI")
 _MESSAGE_HEAD = struct.Struct(">BQ")  # flags, lsn
 
+_ROW_CODES = frozenset(b"IUD")
 _make_tuple = fast_constructor(TupleData)
 _make_insert = fast_constructor(Insert)
 _make_update = fast_constructor(Update)
@@ -188,7 +190,9 @@ class Decoder:
     `proto_version` and `streaming` are what the session negotiated in START_REPLICATION.
     `strict` (the default) rejects non-zero reserved flag bytes, unknown replica identity and
     column flags; `strict=False` keeps them as sent. `speedups=False` decodes in pure Python
-    even when the C fast path is built.
+    even when the C fast path is built. `undecoded_rows=True` leaves the TupleData of Insert,
+    Update and Delete undecoded (`UndecodedChange`: only the relation is checked), for a
+    consumer that decodes them later, in bulk.
     """
 
     def __init__(
@@ -198,6 +202,7 @@ class Decoder:
         *,
         strict: bool = True,
         speedups: bool = True,
+        undecoded_rows: bool = False,
     ) -> None:
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise ValueError(f"proto_version must be 1..{MAX_PROTO_VERSION}, got {proto_version}")
@@ -213,6 +218,7 @@ class Decoder:
         # The C fast path for Insert/Update/Delete; it answers None for anything it does not
         # handle, and the Python path below then decodes it or raises the precise error.
         self._decode_change = SPEEDUPS.decode_change if speedups and SPEEDUPS else None
+        self.undecoded_rows = undecoded_rows
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         #: xid of the open Stream Start ... Stream Stop block, None outside one.
@@ -260,6 +266,8 @@ class Decoder:
         """
         if not payload:
             return None
+        if self.undecoded_rows and payload[0] in _ROW_CODES:
+            return self._undecoded(payload, lsn)
         if self._decode_change is not None:
             message = self._decode_change(payload, self.stream_xid is not None, self.relations)
             if message is not None:
@@ -285,6 +293,33 @@ class Decoder:
                 message_type=_message_name(payload),
                 lsn=_lsn(lsn),
             ) from None
+
+    def _undecoded(self, payload: bytes, lsn: int | None) -> UndecodedChange:
+        """An Insert, Update or Delete with its relation checked, its tuples left as bytes."""
+        start = 1 if self.stream_xid is None else 5
+        if len(payload) < start + 5:
+            raise TruncatedMessage(
+                f"message ends after {len(payload)} bytes, before its relation id",
+                data=payload,
+                offset=len(payload),
+                message_type=_message_name(payload),
+                lsn=_lsn(lsn),
+            )
+        (relid,) = _u32(payload, start)
+        if relid not in self.relations:
+            try:
+                self._unknown_relation(relid, start)
+            except _Fail as fail:
+                raise fail.cls(
+                    fail.reason,
+                    data=payload,
+                    offset=fail.offset,
+                    message_type=_message_name(payload),
+                    lsn=_lsn(lsn),
+                ) from None
+        if start == 1:
+            return UndecodedChange(payload[0], relid, payload)
+        return UndecodedChange(payload[0], relid, payload[:1] + payload[5:], _u32(payload, 1)[0])
 
     def _unknown(self, payload: bytes, lsn: int | None) -> ProtocolError:
         code = chr(payload[0])

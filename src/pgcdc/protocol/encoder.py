@@ -33,6 +33,7 @@ from pgcdc.protocol.messages import (
     Truncate,
     TupleData,
     Type,
+    UndecodedChange,
     Update,
 )
 
@@ -186,7 +187,12 @@ def _rollback_prepared(m: RollbackPrepared) -> bytes:
     return head + _cstring(m.gid)
 
 
+def _undecoded(m: UndecodedChange) -> bytes:
+    return m.message[:1] + _xid(m.xid) + m.message[1:]
+
+
 _ENCODERS: dict[type, Callable[[Any], bytes]] = {
+    UndecodedChange: _undecoded,
     Begin: _begin,
     Commit: _commit,
     Origin: _origin,

@@ -40,6 +40,7 @@ __all__ = [
     "Truncate",
     "TupleData",
     "Type",
+    "UndecodedChange",
     "Update",
 ]
 
@@ -206,6 +207,20 @@ class Delete(PgoutputMessage):
     relid: int
     old_kind: OldTupleKind
     old: TupleData
+    xid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodedChange(PgoutputMessage):
+    """An Insert, Update or Delete whose TupleData was left undecoded, for a consumer that
+    stores changes and decodes them later in bulk (`Decoder(undecoded_rows=True)`;
+    `pgcdc.protocol.columns`). `message` is the message's bytes without a stream block's xid
+    prefix; `code` its first byte (``I``, ``U`` or ``D``). Only its relation is checked."""
+
+    type_code: ClassVar[bytes] = b"I"  # (or U, D: see `code`)
+    code: int
+    relid: int
+    message: bytes
     xid: int | None = None
 
 

@@ -82,6 +82,7 @@ from pgcdc.protocol import (
     StreamStop,
     Truncate,
     Type,
+    UndecodedChange,
     Update,
 )
 
@@ -99,7 +100,7 @@ class Phase(enum.Enum):
 
 
 _B, _T, _S = Phase.BETWEEN, Phase.IN_TRANSACTION, Phase.IN_STREAM_BLOCK
-_CONTENT = (Relation, Type, Origin, Insert, Update, Delete, Truncate, Message)
+_CONTENT = (Relation, Type, Origin, Insert, Update, Delete, UndecodedChange, Truncate, Message)
 
 #: (phase, message type) -> the phase after it. The only place that says what is legal.
 _TRANSITIONS: dict[tuple[Phase, type], Phase] = {

@@ -82,6 +82,7 @@ class ReplicationClient:
         on_retry: Callable[[RetryState], None] | None = None,
         acknowledge: bool = True,
         before_status: Callable[[], None] | None = None,
+        undecoded_rows: bool = False,
     ) -> None:
         _check_seconds("status_interval", status_interval, positive=True)
         _check_seconds("reconnect_timeout", reconnect_timeout, positive=False)
@@ -101,6 +102,7 @@ class ReplicationClient:
         self.on_retry = on_retry
         self.before_status = before_status
         self.acknowledge = acknowledge
+        self.undecoded_rows = undecoded_rows
         self.stream: LogicalStream | None = None
         self.sessions = 0
         self._stop = False
@@ -138,6 +140,7 @@ class ReplicationClient:
                 before_status=self.before_status,
                 acknowledge=self.acknowledge,
                 acks=self.acks,
+                undecoded_rows=self.undecoded_rows,
             )
             stream.start()
         except BaseException:

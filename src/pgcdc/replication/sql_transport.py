@@ -61,12 +61,14 @@ class SqlTransport:
         upto_lsn: Lsn | None = None,
         upto_nchanges: int | None = None,
         consume: bool = False,
+        undecoded_rows: bool = False,
     ) -> Iterator[SqlChange]:
         """Decoded messages of complete transactions, up to the bounds.
 
         `upto_nchanges` stops after the transaction in which the count was reached (whole
         transactions only). With `consume` the slot moves past what was returned (the
-        ``get`` function); otherwise nothing moves until `advance`.
+        ``get`` function); otherwise nothing moves until `advance`. `undecoded_rows`: row
+        changes come as `pgcdc.protocol.UndecodedChange`.
         """
         function = "get" if consume else "peek"
         query = (
@@ -82,7 +84,9 @@ class SqlTransport:
             self._args,
         )
         rows = self._run(query, params, f"reading slot {self.slot!r}")
-        decoder = Decoder(self.options.proto_version or 1, self.options.streaming)
+        decoder = Decoder(
+            self.options.proto_version or 1, self.options.streaming, undecoded_rows=undecoded_rows
+        )
         decode = decoder.decode
         for lsn, xid, data in rows:
             message = decode(data, lsn)

@@ -58,6 +58,7 @@ class LogicalStream:
     `until_idle`, `endpos` is the server's WAL position when the stream started. With
     `acknowledge=False` the slot is never moved. `acks` carries the acknowledgement state
     over the sessions of one consumer (`ReplicationClient`); by default the stream has its own.
+    `undecoded_rows` leaves row changes undecoded (`pgcdc.protocol.UndecodedChange`).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class LogicalStream:
         acknowledge: bool = True,
         acks: Acknowledgement | None = None,
         before_status: Callable[[], None] | None = None,
+        undecoded_rows: bool = False,
     ) -> None:
         self.conn = conn
         self.slot = slot
@@ -89,7 +91,9 @@ class LogicalStream:
         self.before_status = before_status
         self.acknowledge = acknowledge
         self.acks = acks if acks is not None else Acknowledgement(start=self.start_lsn)
-        self.decoder = Decoder(self.options.proto_version, self.options.streaming)
+        self.decoder = Decoder(
+            self.options.proto_version, self.options.streaming, undecoded_rows=undecoded_rows
+        )
         self.identity: SystemIdentity | None = None
         self._last_status = 0.0
         self._stopped = False

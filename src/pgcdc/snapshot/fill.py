@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 from psycopg import sql
 
+from pgcdc.envelope import Shape
 from pgcdc.errors import TargetError
 from pgcdc.replication.slots import connect_sql
 from pgcdc.targets.added_columns import FILL_VALUE, ColumnFill
-from pgcdc.targets.fold import Shape
 
 __all__ = ["SourceFills"]
 

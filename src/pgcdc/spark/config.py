@@ -30,8 +30,10 @@ max_changes_per_batch = 1000000
 "public.events" = { modes = ["mirror"], on_error = "quarantine" }
 ```
 
-Paths are relative to the configuration file's directory. ``checkpoint`` (``[target]``)
-defaults to ``<path>/_pgcdc/<name>/checkpoint``.
+Paths are relative to the configuration file's directory. The pipeline keeps its state in
+``<path>/_pgcdc/<name>/``. ``interval`` is a number of seconds or a text such as
+``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
+soon as changes are there and the interval since the last one has passed).
 
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
@@ -85,18 +87,13 @@ class PipelineConfig:
     chunk_blocks: int = DEFAULT_CHUNK_BLOCKS
     streaming: str | None = None
     available_now: bool = False
-    interval: str = "0.5 seconds"
+    interval_seconds: float = 0.5
     max_changes_per_batch: int | None = 1_000_000
-    checkpoint: str | None = None
     source_options: dict[str, str] = field(default_factory=dict)
     #: Per table: "stop" or "quarantine" (see the module docstring).
     on_error: dict[str, str] = field(default_factory=dict)
     #: Warn when the slot retains more WAL than this many bytes (None: never).
     max_retained_wal: int | None = 1024**3
-
-    @property
-    def checkpoint_path(self) -> str:
-        return self.checkpoint or str(Path(self.target_path) / "_pgcdc" / self.name / "checkpoint")
 
     @property
     def state_path(self) -> str:
@@ -178,6 +175,42 @@ def parse_size(value: Any, where: str) -> int:
     raise ConfigError(f'{where} must be a size such as 1073741824 or "1GB" (got {value!r})')
 
 
+_SECONDS = {
+    "ms": 0.001,
+    "millisecond": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+}
+
+
+def parse_interval(value: Any, where: str) -> float:
+    """Seconds from a number or a text such as "0.5 seconds", "200 ms" or "1 minute"."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        number, _, unit = value.strip().partition(" ")
+        if not unit:
+            digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+            number, unit = digits, number[len(digits) :] or "s"
+        try:
+            seconds = float(number) * _SECONDS[unit.strip().lower()]
+        except (ValueError, KeyError):
+            seconds = -1.0
+    else:
+        seconds = -1.0
+    if not 0 <= seconds < 86400 or seconds != seconds:
+        raise ConfigError(
+            f'{where} must be a time such as 0.5, "0.5 seconds" or "200 ms" (got {value!r})'
+        )
+    return seconds
+
+
 def _positive(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where} must be a positive integer")
@@ -217,7 +250,6 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         parsed_tables[qualified], on_error[qualified] = _table(name, value, default_on_error)
     max_wal = source.get("max_retained_wal", 1024**3)
     target_path = base / _required(target, "path", "target")
-    checkpoint = target.get("checkpoint")
     max_changes = trigger.get("max_changes_per_batch", 1_000_000)
     if max_changes is not None:
         max_changes = _positive(max_changes, "trigger.max_changes_per_batch")
@@ -235,9 +267,8 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         ),
         streaming=source.get("streaming"),
         available_now=bool(trigger.get("available_now", False)),
-        interval=str(trigger.get("interval", "0.5 seconds")),
+        interval_seconds=parse_interval(trigger.get("interval", 0.5), "trigger.interval"),
         max_changes_per_batch=max_changes,
-        checkpoint=None if checkpoint is None else str(base / checkpoint),
         source_options={str(k): str(v) for k, v in _section(source, "options").items()},
         on_error=on_error,
         max_retained_wal=None

@@ -1,17 +1,19 @@
-"""The main job: a pgoutput stream applied, batch by batch, to Delta targets.
+"""The main job: a slot's changes applied, batch by batch, to Delta targets by Spark tasks.
 
-Each micro-batch is collected on the driver as Arrow, split by source table and applied to
-that table's targets (mirror, history, changelog); every target commits its data together
-with the batch's highest commit LSN, so a batch replayed after a crash, or a stream restarted
-without its checkpoint, changes nothing. The slot moves only after Spark committed a batch, and
-once more when the pipeline stops cleanly (to the last batch Spark finished).
+The driver keeps the replication session (`Spooler`: committed transactions into the
+spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
+Spark job whose tasks read the spool, build the envelope a column at a time and apply every
+configured table to its targets in parallel (`pgcdc.spark.batch`). Every target commits its
+data together with the batch's highest commit LSN, so a batch replayed after a crash changes
+nothing. Only when every table of a batch is applied does the slot move past it (the
+replication client's `Acknowledgement`); a crash anywhere loses nothing: the slot sends the
+rest again and the targets skip what they hold. No Spark checkpoint is needed: the targets'
+watermarks are the record of what is done.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import shutil
 import threading
 import time
@@ -21,26 +23,48 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import ApplyError, PgcdcError, SlotNotFound, TargetError
-from pgcdc.protocol import Lsn
-from pgcdc.replication.slots import SlotInfo, connect_sql, get_slot
+from pgcdc.errors import PgcdcError, SlotNotFound
+from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
+from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, get_slot
 from pgcdc.snapshot.fill import SourceFills
-from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables, partial_truncates
+from pgcdc.spark.batch import (
+    TableOutcome,
+    TableWork,
+    TargetSpec,
+    apply_error_line,
+    apply_tables,
+    group_work,
+)
+from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
 from pgcdc.spark.quarantine import Quarantine
 from pgcdc.spark.session import error_line
+from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, default_spool_dir
+from pgcdc.spark.spooler import Spooler
+from pgcdc.spark.typed import CatalogAnswers
 from pgcdc.targets import DeltaTarget
 from pgcdc.types.catalog import resolve
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
-__all__ = ["BatchReport", "Pipeline", "PipelineStats", "apply_error_line", "request_recopy"]
+__all__ = [
+    "BatchReport",
+    "Pipeline",
+    "PipelineFailed",
+    "PipelineStats",
+    "SlotLost",
+    "apply_error_line",
+    "request_recopy",
+]
 
 log = logging.getLogger(__name__)
+
+#: How long the session may take to send up to the available-now target once idle.
+_CATCH_UP_TIMEOUT = 600.0
 
 
 @dataclass(slots=True)
@@ -53,6 +77,8 @@ class BatchReport:
     last_commit_lsn: Lsn | None
     last_commit_time: datetime | None
     seconds: float
+    #: Per table: the seconds its task spent.
+    table_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -77,7 +103,7 @@ class PipelineStats:
 
 
 class Pipeline:
-    """Runs one configuration on a Spark session (`run`, `stop` from any thread)."""
+    """Runs one configuration on a Spark session (`run`; `stop` from any thread)."""
 
     def __init__(
         self,
@@ -98,12 +124,14 @@ class Pipeline:
         self.copy_progress: dict[str, TableProgress] = {}
         self.registry: TypeRegistry = DEFAULT_REGISTRY.copy()
         self.catalog = Catalog(config.conninfo)
+        #: Catalog answers typing needs, recorded here and replayed in the tasks.
+        self.answers = CatalogAnswers(self.catalog)
         self.targets: dict[str, list[tuple[TableTarget, DeltaTarget]]] = {}
         fills = SourceFills(config.conninfo)
         for spec in config.targets():
             target = DeltaTarget(
                 spec.path,
-                spec.mode,
+                spec.mode,  # type: ignore[arg-type]  # checked by the configuration
                 app_id=config.app_id,
                 registry=self.registry,
                 source=spec.table,
@@ -117,142 +145,127 @@ class Pipeline:
         self.wal_warning: str | None = None
         self._wal_checked = float("-inf")
         self._unbound: set[int] = set()
-        self.query: Any = None
-        #: Tables whose targets wait for a copy; their changes go to a pending change log.
-        self.pending: dict[str, DeltaTarget] = {}
+        #: Tables whose targets wait for a copy, or are quarantined: their changes go to
+        #: their pending change log.
+        self.pending: set[str] = set()
         self._online: threading.Thread | None = None
         self._online_done: set[str] = set()
-        #: Batches and drains of copied tables take turns (Spark's and the run loop's thread).
-        self._lock = threading.RLock()
         self._stopping = threading.Event()
+        self._relations: dict[bytes, Relation] = {}
+        self.spooler: Spooler | None = None
 
-    # -- the batch function (Spark calls it on the driver) ---------------------------------
+    # -- a batch -----------------------------------------------------------------------------
 
-    def _resolve_types(self, rows: pa.Table) -> None:
-        columns = pc.list_flatten(rows.column("columns"))
-        if len(columns):
-            oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
-            resolve(self.registry, self.catalog, [o for o in oids if o is not None])
+    def _relation(self, encoded: bytes) -> Relation:
+        relation = self._relations.get(encoded)
+        if relation is None:
+            message = Decoder(1).decode(encoded)
+            assert isinstance(message, Relation)
+            relation = self._relations[encoded] = message
+        return relation
 
-    def _drain_copied(self) -> None:
-        with self._lock:
-            self._drain_copied_locked()
+    def _table_of(self, relid: int) -> str | None:
+        if relid == MESSAGES or relid in self._unbound:
+            return None
+        bindings = self.bind()
+        table = bindings.table_of(relid)
+        if table is None:
+            table = bind_partition(self.config.conninfo, bindings, relid)
+            if table is None:
+                self._unbound.add(relid)
+        return table
 
-    def _drain_copied_locked(self) -> None:
-        for table in list(self._online_done):
-            self._online_done.discard(table)
-            self._drain(table)
+    def plan_work(self, ranges: dict[int, list[SpoolRange]]) -> list[TableWork]:
+        """One `TableWork` per configured table with changes in `ranges` (a batch's), its
+        column types resolved here (the answers go with the work)."""
+        per_table: dict[str, list[SpoolRange]] = {}
+        for relid, found in ranges.items():
+            table = self._table_of(relid)
+            if table is not None:
+                per_table.setdefault(table, []).extend(found)
+        works = []
+        bindings = self.bind()
+        for table, found in per_table.items():
+            oids = sorted(
+                {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
+            )
+            resolve(self.registry, self.answers, oids)
+            works.append(
+                TableWork(
+                    table,
+                    tuple(TargetSpec(s.path, t.mode) for s, t in self.targets[table]),
+                    tuple(found),
+                    self.answers,
+                    tuple(oids),
+                    self.config.app_id,
+                    self.config.conninfo,
+                    on_error=self.config.on_error.get(table, "stop"),
+                    own_oid=bindings.oids.get(table),
+                    leaves=frozenset(bindings.leaves.get(table, ())),
+                    pending_log=self._pending_path(table),
+                    pending=table in self.pending,
+                    changes=sum(r.changes for r in found),
+                )
+            )
+        return works
 
-    def apply_batch(self, batch: pa.Table, batch_id: int) -> BatchReport:
-        """Apply one micro-batch of envelope rows to every target."""
-        with self._lock:
-            self._drain_copied_locked()
-            return self._apply_batch(batch, batch_id)
+    def _run_tasks(self, works: list[TableWork]) -> list[TableOutcome]:
+        if not works:
+            return []
+        context = self.spark.sparkContext
+        groups = group_work(works, max(1, int(context.defaultParallelism)))
+        try:
+            results = context.parallelize(groups, len(groups)).map(apply_tables).collect()
+        except Exception as exc:
+            raise PipelineFailed(error_line(exc)) from None
+        return [outcome for result in results for outcome in result]
 
-    def _apply_batch(self, batch: pa.Table, batch_id: int) -> BatchReport:
+    def apply_batch(self, batch_id: int, start: Lsn, end: Lsn) -> BatchReport:
+        """Apply the spooled transactions ending in (start, end] to every target."""
+        assert self.spooler is not None
         started = time.monotonic()
+        spool = self.spooler.spool
+        info = spool.batch(start, end)
+        outcomes = self._run_tasks(self.plan_work(spool.ranges(start, end)))
         applied: dict[str, int] = {}
         skipped = 0
-        if batch.num_rows:
-            self._resolve_types(batch)
-            for table, rows in self._route(batch).items():
-                targets = self.targets[table]
-                if table in self.pending:
-                    self.pending[table].apply(rows)
-                    applied[f"{table} pending copy"] = rows.num_rows
-                    continue
-                try:
-                    self._check_truncates(table, rows)
-                    for spec, target in targets:
-                        result = target.apply(rows)
-                        applied[f"{table} {spec.mode}"] = result.applied
-                        skipped += result.skipped
-                except Exception as exc:
-                    line = apply_error_line(table, rows, exc)
-                    if self.config.on_error.get(table, "stop") != "quarantine":
-                        raise ApplyError(
-                            f'{line}; nothing of it is confirmed (on_error = "quarantine" '
-                            "for this table lets the others stream on)"
-                        ) from None
-                    self._quarantine(table, line, rows)
-                    applied[f"{table} quarantined"] = rows.num_rows
-        last_lsn = last_time = None
-        if batch.num_rows:
-            last = pc.max(batch.column("commit_lsn")).as_py()
-            last_lsn = Lsn(last)
-            last_time = pc.max(batch.column("commit_ts")).as_py()
+        for outcome in outcomes:
+            applied.update(outcome.applied)
+            skipped += outcome.skipped
+            if outcome.error is None:
+                continue
+            if outcome.pending and outcome.table not in self.pending:  # quarantined now
+                first = Lsn(outcome.first_commit_lsn or 0)
+                self.quarantine.add(outcome.table, outcome.error, str(first))
+                self.pending.add(outcome.table)
+                log.error(
+                    "%s is quarantined: %s; its changes go to its change log until "
+                    "`pgcdc recopy PIPELINE.toml %s`",
+                    outcome.table,
+                    outcome.error,
+                    outcome.table,
+                )
+            elif not outcome.pending:
+                raise PipelineFailed(
+                    f'{outcome.error}; nothing of it is confirmed (on_error = "quarantine" '
+                    "for this table lets the others stream on)"
+                )
+            else:
+                raise PipelineFailed(f"{outcome.table}: its pending change log: {outcome.error}")
         report = BatchReport(
             batch_id,
-            batch.num_rows,
+            info.changes,
             applied,
             skipped,
-            last_lsn,
-            last_time,
+            info.last_commit_lsn,
+            info.last_commit_time,
             time.monotonic() - started,
+            {o.table: o.seconds for o in outcomes},
         )
         self.stats.add(report)
         if self.on_batch is not None:
             self.on_batch(report)
         return report
-
-    def _quarantine(self, table: str, line: str, rows: pa.Table) -> None:
-        """Set `table` aside: its changes from this batch on go to its pending change log
-        (durable before the batch commits, so the slot may move); its targets stay."""
-        first = Lsn(pc.min(rows.column("commit_lsn")).as_py())
-        self.quarantine.add(table, line, str(first))
-        self.pending[table] = self._pending_target(table)
-        self.pending[table].apply(rows)
-        log.error(
-            "%s is quarantined: %s; its changes go to its change log until "
-            "`pgcdc recopy PIPELINE.toml %s`",
-            table,
-            line,
-            table,
-        )
-
-    def _check_truncates(self, table: str, rows: pa.Table) -> None:
-        """A TRUNCATE of some partitions only (a publication without
-        publish_via_partition_root sends each partition's own) cannot be applied to the
-        parent's targets: they do not know which rows were that partition's."""
-        truncates = rows.filter(pc.equal(rows.column("op"), "truncate"))
-        if not truncates.num_rows or table not in self.bind().leaves:
-            return
-        by_commit: dict[int, set[int]] = {}
-        for lsn, oid in zip(
-            truncates.column("commit_lsn").to_pylist(),
-            truncates.column("relation_oid").to_pylist(),
-            strict=True,
-        ):
-            by_commit.setdefault(lsn, set()).add(oid)
-        for lsn, oids in by_commit.items():
-            partial = partial_truncates(self.bind(), table, oids)
-            if partial:
-                raise TargetError(
-                    f"{table}: TRUNCATE of some of its partitions only (OIDs "
-                    f"{', '.join(map(str, sorted(partial)))}) at commit LSN {Lsn(lsn)} cannot "
-                    "be applied to the parent's targets; recopy the table"
-                )
-
-    def _route(self, batch: pa.Table) -> dict[str, pa.Table]:
-        """The batch's rows per configured table, by relation OID (a renamed table keeps its
-        targets); rows of relations the pipeline does not follow are left out."""
-        bindings = self.bind()
-        oids = batch.column("relation_oid")
-        by_table: dict[str, list[int]] = {}
-        for oid in pc.unique(oids).to_pylist():
-            if oid is None or oid in self._unbound:
-                continue
-            table = bindings.table_of(oid)
-            if table is None:
-                table = bind_partition(self.config.conninfo, bindings, oid)
-                if table is None:
-                    self._unbound.add(oid)
-                    continue
-            by_table.setdefault(table, []).append(oid)
-        return {
-            table: batch.filter(pc.is_in(oids, value_set=pa.array(members, oids.type)))
-            for table, members in by_table.items()
-        }
 
     def bind(self) -> TableBindings:
         """The configured tables' relation OIDs, resolved or re-checked once per run
@@ -267,38 +280,7 @@ class Pipeline:
             )
         return self.bindings
 
-    def _foreach_batch(self, df: Any, batch_id: int) -> None:
-        self.apply_batch(df.toArrow(), batch_id)
-
-    # -- running ---------------------------------------------------------------------------
-
-    def start(self) -> Any:
-        config = self.config
-        options = {
-            "conninfo": config.conninfo,
-            "slot": config.slot,
-            "publication": config.publication,
-            "createSlot": str(config.create_slot).lower(),
-            "statusInterval": "1",
-        }
-        if config.max_changes_per_batch is not None:
-            options["maxChangesPerBatch"] = str(config.max_changes_per_batch)
-        if config.streaming is not None:
-            options["streaming"] = config.streaming
-        options.update(config.source_options)
-        writer = (
-            self.spark.readStream.format("pgoutput")
-            .options(**options)
-            .load()
-            .writeStream.foreachBatch(self._foreach_batch)
-            .option("checkpointLocation", config.checkpoint_path)
-        )
-        if config.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=config.interval)
-        self.query = writer.start()
-        return self.query
+    # -- the initial copy --------------------------------------------------------------------
 
     def _copier(self) -> InitialCopy:
         config = self.config
@@ -367,13 +349,13 @@ class Pipeline:
             return  # a first run on a slot made by someone else: the stream has it all
         for table, ready in marked.items():
             if table in set_aside:
-                self.pending[table] = self._pending_target(table)
+                self.pending.add(table)
                 log.warning("%s stays quarantined: %s", table, records[table].reason)
             elif not ready:  # added since the last run, its copy failed, or a recopy
-                self.pending[table] = self._pending_target(table)
+                self.pending.add(table)
             elif Path(self._pending_path(table)).exists():
                 self._drain(table)  # a crash came after the copy, before the drain ended
-        waiting = sorted(set(self.pending) - failed - set_aside)
+        waiting = sorted(self.pending - failed - set_aside)
         for table in failed:
             log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
         if waiting:
@@ -384,11 +366,6 @@ class Pipeline:
     def _pending_path(self, table: str) -> str:
         return str(Path(self.config.state_path) / "pending" / table)
 
-    def _pending_target(self, table: str) -> DeltaTarget:
-        return DeltaTarget(
-            self._pending_path(table), "changelog", app_id=self.config.app_id, source=table
-        )
-
     def _copy_online(self, tables: list[str]) -> None:
         _, copied = self._copier().copy_online(tables)
         self._online_done.update(copied)
@@ -398,48 +375,101 @@ class Pipeline:
     def _drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip
         what the copy already holds), then forget the pending log."""
-        pending = self._pending_target(table)
+        pending = DeltaTarget(self._pending_path(table), "changelog", app_id=self.config.app_id)
         if pending.exists:
             rows = pending.to_arrow()
+            columns = pc.list_flatten(rows.column("columns"))
+            if len(columns):
+                oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
+                resolve(self.registry, self.answers, [o for o in oids if o is not None])
             for _, target in self.targets[table]:
                 target.apply(rows)
         shutil.rmtree(self._pending_path(table), ignore_errors=True)
-        self.pending.pop(table, None)
+        self.pending.discard(table)
         self.quarantine.lift(table)
+
+    def _drain_copied(self) -> None:
+        for table in list(self._online_done):
+            self._online_done.discard(table)
+            self._drain(table)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _session(self) -> Spooler:
+        """The replication session, spooling from the slot's confirmed position."""
+        config = self.config
+        options = config.source_options
+        if _slot_or_none(config.conninfo, config.slot) is None:
+            create_slot(config.conninfo, config.slot)  # create_slot = true, no copy wanted
+        streaming = config.streaming or options.get("streaming")
+        if streaming is None:
+            version = int(self.catalog.query("SHOW server_version_num")[0][0])
+            streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
+        directory = options.get("spoolDir") or default_spool_dir(config.slot)
+        return Spooler(
+            config.conninfo,
+            config.slot,
+            StreamOptions(tuple(p.strip() for p in config.publication.split(",") if p.strip())),
+            Spool(directory),
+            streaming=StreamingMode(streaming),
+            status_interval=float(options.get("statusInterval", 10.0)),
+        ).start()
 
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
         """Run until caught up (available-now), `stop()` or an error, after an initial copy
         if one is due; `tick` is called about twice a second (for a progress view)."""
-        if self.query is None:
-            self._check_slot()
-            self.bind()
-            self.initial_copy()
-        query = self.query or self.start()
+        self._check_slot()
+        self.bind()
+        self.initial_copy()
         if self._online is not None and self._online.ident is None:
             self._online.start()
-        from pyspark.errors import StreamingQueryException
-
+        start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
+        self.spooler = spooler = self._session()
         try:
-            while query.isActive:
-                if self._stopping.is_set() and not query.status.get("isTriggerActive", False):
-                    query.stop()  # between batches: the one in progress has finished
-                    break
-                query.awaitTermination(0.5)
-                self._drain_copied()
-                self.watch_wal()
-                if tick is not None:
-                    tick()
+            self._stream(spooler, start, tick)
             if self._online is not None and self._online.ident is not None:
                 self._online.join()  # available-now: the copies finish before the run does
                 self._drain_copied()
-            exc = query.exception()
-            if exc is not None:
-                raise PipelineFailed(error_line(exc))
-        except StreamingQueryException as exc:
-            raise PipelineFailed(error_line(exc)) from None
+        except PipelineFailed:
+            raise
+        except PgcdcError as exc:
+            raise PipelineFailed(str(exc)) from None
         finally:
-            self._after_stop()
+            spooler.stop()  # the last status update moves the slot to what is durable
+            self.catalog.close()
         return self.stats
+
+    def _stream(self, spooler: Spooler, applied: Lsn, tick: Callable[[], None] | None) -> None:
+        config = self.config
+        target = _server_lsn(config.conninfo) if config.available_now else None
+        interval = config.interval_seconds
+        next_batch = time.monotonic()
+        last_tick = 0.0
+        batch_id = 0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if tick is not None and now - last_tick >= 0.5:
+                tick()
+                last_tick = now
+            self._drain_copied()
+            self.watch_wal()
+            spooler.check()
+            end, _ = spooler.spool.plan(
+                applied, max_changes=config.max_changes_per_batch, upto=target
+            )
+            if end == applied:
+                if target is not None and spooler.reached(target, after=applied):
+                    return  # caught up
+                spooler.wait_for_more(applied, timeout=0.5)
+                continue
+            if now < next_batch:  # at most one batch start per interval
+                self._stopping.wait(next_batch - now)
+                continue
+            next_batch = now + interval
+            self.apply_batch(batch_id, applied, end)
+            batch_id += 1
+            spooler.confirm(end)
+            applied = end
 
     def watch_wal(self, every: float = 10.0) -> str | None:
         """At most every `every` seconds, look at the slot: `wal_warning` says (and the log
@@ -475,37 +505,12 @@ class Pipeline:
         """Finish the batch in progress, then stop."""
         self._stopping.set()
 
-    def _after_stop(self) -> None:
-        """Move the slot to the last batch Spark committed: the data source process is gone
-        before its (one batch late) commit call could."""
-        progress = self.query.lastProgress if self.query is not None else None
-        end = _end_offset(progress)
-        self.catalog.close()
-        if end is None:
-            return
-        try:
-            _advance_when_free(self.config.conninfo, self.config.slot, Lsn.parse(end))
-        except PgcdcError as exc:
-            log.warning("could not move slot %s to %s: %s", self.config.slot, end, exc)
 
-
-def _end_offset(progress: Any) -> str | None:
-    """The source's end offset in a StreamingQueryProgress (an object or a dict, the offset
-    a dict or its JSON)."""
-    if progress is None:
-        return None
-    sources = getattr(progress, "sources", None)
-    if sources is None:
-        sources = progress.get("sources") if isinstance(progress, dict) else None
-    if not sources:
-        return None
-    first = sources[0]
-    end = getattr(first, "endOffset", None)
-    if end is None and isinstance(first, dict):
-        end = first.get("endOffset")
-    if isinstance(end, str):
-        end = json.loads(end)
-    return end.get("lsn") if isinstance(end, dict) else None
+def _server_lsn(conninfo: str) -> Lsn:
+    with connect_sql(conninfo) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
 
 
 def _size(n: int) -> str:
@@ -533,30 +538,6 @@ def request_recopy(config: PipelineConfig, table: str) -> list[str]:
     return paths
 
 
-_DATA_FILE = re.compile(r"\S*\.parquet\b|\b(?:file|s3a?|abfss?|gs)://\S+")
-
-
-def apply_error_line(table: str, rows: pa.Table, exc: BaseException) -> str:
-    """One line for a batch of `table` its targets could not take: the commit LSNs, the
-    first change and its key, and the error's first line without data file names."""
-    lsns = rows.column("commit_lsn")
-    low, high = Lsn(pc.min(lsns).as_py()), Lsn(pc.max(lsns).as_py())
-    order = pc.sort_indices(
-        rows.select(["commit_lsn", "ordinal"]),
-        [("commit_lsn", "ascending"), ("ordinal", "ascending")],
-    )
-    first = rows.take(order.slice(0, 1)).to_pylist()[0]
-    key = ", ".join(f"{k}={v}" for k, v in (first["key"] or []))
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    reason = _DATA_FILE.sub("<data file>", reason)
-    span = f"commit LSN {low}" if low == high else f"commit LSNs {low} to {high}"
-    return (
-        f"{table}: cannot apply {rows.num_rows} change{'' if rows.num_rows == 1 else 's'} "
-        f"at {span} (first: {first['op']} "
-        f"of key ({key}) at LSN {Lsn(first['lsn'] or 0)}): {reason}"
-    )
-
-
 def _slot_or_none(conninfo: str, slot: str) -> SlotInfo | None:
     try:
         return get_slot(conninfo, slot)
@@ -569,16 +550,4 @@ class SlotLost(PgcdcError):
 
 
 class PipelineFailed(PgcdcError):
-    """The streaming query stopped with an error (the first line of Spark's, cleaned up)."""
-
-
-def _advance_when_free(conninfo: str, slot: str, lsn: Lsn, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (info := get_slot(conninfo, slot)).active:
-        if time.monotonic() > deadline:
-            return  # someone else runs it now; it will confirm on its own
-        time.sleep(0.2)
-    if info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= lsn:
-        return
-    with connect_sql(conninfo) as conn:
-        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(lsn)))
+    """The pipeline stopped with an error (the first line of it, cleaned up)."""

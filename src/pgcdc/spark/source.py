@@ -25,8 +25,6 @@ reads ``startLsn`` and ``endLsn``.
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -57,31 +56,18 @@ from pgcdc.protocol import Lsn, StreamingMode
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import connect_sql, create_slot, get_slot
 from pgcdc.replication.sql_transport import SqlTransport
-from pgcdc.spark.envelope import ENVELOPE_SCHEMA, EnvelopeBuilder, SpooledTransaction
-from pgcdc.spark.spool import Spool, SpoolRange, read_range
+from pgcdc.spark.envelope import ENVELOPE_SCHEMA
+from pgcdc.spark.spool import Spool, SpoolRange, default_spool_dir, read_envelope
 from pgcdc.spark.spooler import Spooler, SpoolWriter
 
 __all__ = ["PgoutputDataSource", "SourceOptions", "register"]
 
-#: Rows per Arrow batch handed to Spark by `read`.
-_BATCH_ROWS = 20_000
 #: How long planning waits for the session to re-deliver a batch Spark asks for again.
 _REDELIVERY_TIMEOUT = 600.0
 
 
 #: How long a new session waits for a previous one (of a killed process) to release the slot.
 _SLOT_RELEASE_TIMEOUT = 30.0
-
-
-def _default_spool_dir(slot: str) -> str:
-    """A directory of this process under the temp directory; those of dead processes (Spark
-    kills the data source process without `stop`) are removed."""
-    base = Path(tempfile.gettempdir())
-    for stale in base.glob(f"pgcdc-spool-{slot}-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-    return str(base / f"pgcdc-spool-{slot}-{os.getpid()}")
 
 
 def get_server_version(conninfo: str) -> int:
@@ -181,19 +167,9 @@ class PgoutputDataSource(DataSource):
 
 
 class SpoolPartition(InputPartition):
-    def __init__(self, spool_range: SpoolRange) -> None:
-        super().__init__(spool_range)
-        self.spool_range = spool_range
-
-
-def _envelope_batches(txns: Iterator[SpooledTransaction]) -> Iterator[pa.RecordBatch]:
-    builder = EnvelopeBuilder()
-    for txn in txns:
-        builder.add(txn)
-        if len(builder) >= _BATCH_ROWS:
-            yield builder.flush()
-    if len(builder):
-        yield builder.flush()
+    def __init__(self, ranges: list[SpoolRange]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
 
 
 class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -239,7 +215,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._spooler is None:
             options = self.options
             self._slot_start(wait_inactive=_SLOT_RELEASE_TIMEOUT)
-            directory = options.spool_dir or _default_spool_dir(options.slot)
+            directory = options.spool_dir or default_spool_dir(options.slot)
             # Large transactions come streamed where the server can (14+): the spooler
             # assembles them within bounded memory instead of the server spilling to disk.
             streaming = options.streaming
@@ -315,8 +291,17 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"slot {self.options.slot!r}: changes up to {end_lsn} were not delivered again "
                 f"within {_REDELIVERY_TIMEOUT:.0f} s (was the slot advanced by someone else?)"
             )
-        ranges = spooler.spool.ranges(start_lsn, end_lsn, target_bytes=self.options.partition_bytes)
-        return [SpoolPartition(r) for r in ranges]
+        partitions: list[InputPartition] = []
+        for ranges in spooler.spool.ranges(start_lsn, end_lsn).values():
+            current: list[SpoolRange] = []
+            for spool_range in ranges:  # tasks of about partitionBytes
+                current.append(spool_range)
+                if sum(r.length for r in current) >= self.options.partition_bytes:
+                    partitions.append(SpoolPartition(current))
+                    current = []
+            if current:
+                partitions.append(SpoolPartition(current))
+        return partitions
 
     def commit(self, end: dict) -> None:
         if self._spooler is not None:
@@ -331,15 +316,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SpoolPartition)
-        return _envelope_batches(read_range(partition.spool_range))
-
-
-class _ListSpool:
-    def __init__(self) -> None:
-        self.txns: list[SpooledTransaction] = []
-
-    def append(self, txn: SpooledTransaction) -> None:
-        self.txns.append(txn)
+        return read_envelope(partition.ranges)
 
 
 class PgoutputBatchReader(DataSourceReader):
@@ -350,22 +327,28 @@ class PgoutputBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         options = self.options
-        spool = _ListSpool()
-        plugin = SpoolWriter()
-        plugin.spool = spool  # type: ignore[assignment]
-        with SqlTransport(options.conninfo, options.slot, options.stream_options) as transport:
-            ctx = DecodingContext(server_version=transport.conn.info.server_version)
-            assembler = TransactionAssembler(plugin, ctx)
-            try:
-                upto = None if options.end_lsn is None else Lsn(options.end_lsn + 1)
-                for change in transport.changes(upto_lsn=upto):
-                    assembler.feed(change.message, change.lsn)
-            finally:
-                assembler.close()
-        start, end = options.start_lsn, options.end_lsn
-        txns = (
-            t
-            for t in spool.txns
-            if (end is None or t.commit_lsn <= end) and (start is None or t.commit_lsn >= start)
-        )
-        return _envelope_batches(iter(txns))
+        with tempfile.TemporaryDirectory(prefix="pgcdc-peek-") as directory:
+            spool = Spool(Path(directory) / "spool")
+            plugin = SpoolWriter()
+            plugin.spool = spool
+            with SqlTransport(options.conninfo, options.slot, options.stream_options) as transport:
+                ctx = DecodingContext(server_version=transport.conn.info.server_version)
+                assembler = TransactionAssembler(plugin, ctx)
+                try:
+                    upto = None if options.end_lsn is None else Lsn(options.end_lsn + 1)
+                    for change in transport.changes(upto_lsn=upto, undecoded_rows=True):
+                        assembler.feed(change.message, change.lsn)
+                finally:
+                    assembler.close()
+            ranges = spool.ranges(Lsn(0), spool.last_lsn or Lsn(0))
+            start, end = options.start_lsn, options.end_lsn
+            for batch in read_envelope([r for found in ranges.values() for r in found]):
+                if start is not None or end is not None:
+                    lsns = batch.column("commit_lsn")
+                    keep = pc.and_(
+                        pc.greater_equal(lsns, start or 0),
+                        pc.less_equal(lsns, end if end is not None else 2**63 - 1),
+                    )
+                    batch = batch.filter(keep)
+                yield batch
+            spool.close()

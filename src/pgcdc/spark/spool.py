@@ -1,10 +1,25 @@
-"""The spool: committed transactions on disk, indexed by their end LSN.
+"""The spool: committed transactions on disk, one file per relation, as raw change frames.
 
-The Spark source's driver process writes every committed transaction here as it arrives from
-the walsender; a micro-batch is a range of end LSNs, and the executors read the byte ranges
-that hold it (`read_range`) and build the envelope in parallel. A record is a length, a crc32
-and a pickled `SpooledTransaction`; segment files roll over at `segment_bytes` and are deleted
-once Spark has committed everything in them (`release`).
+The replication session (on the driver) writes every committed transaction here as it
+arrives; a micro-batch is a range of transactions (by end LSN), and Spark tasks read the
+byte ranges of the relations they need and decode them a column at a time
+(`read_envelope`). Nothing is decoded into Python objects on the driver: a change is stored
+as the message the server sent (a change frame, `pgcdc.protocol.columns`).
+
+Files are records (`pgcdc.records`: length, crc32, payload), a file per relation OID and
+one for logical messages, rolled over at `segment_bytes`. A transaction's part in one file is
+a *unit*::
+
+    V  relation version           the Relation the frames below were sent under
+    F  change frames              (ordinal, lsn, message)*, at most ~1 MB a record
+    …  (V and F again when the relation changed inside the transaction)
+    C  commit                     commit LSN, end LSN, xid, commit time, origin
+
+A Truncate is a frame in the file of each table it emptied (the whole message, so a reader
+knows every table it emptied); a logical message a frame of the messages file (a
+non-transactional one a unit of its own). The index of committed units lives in memory;
+a unit a crash or a reconnect interrupted is cut off its file before the next one starts.
+Segments are deleted once Spark committed everything in them (`release`).
 
 The spool is not a durable log: it holds only what the slot has not been confirmed past, so a
 new process starts it empty and the server sends the rest again.
@@ -13,49 +28,120 @@ new process starts it empty and the server sends the rest again.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import struct
+import tempfile
 import threading
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from pgcdc.errors import SpoolError
-from pgcdc.protocol import Lsn
-from pgcdc.spark.envelope import SpooledTransaction
+import pyarrow as pa
 
-__all__ = ["Spool", "SpoolRange", "read_range"]
+from pgcdc.envelope import EnvelopeBuilder
+from pgcdc.errors import PgcdcError, RecordError, SpoolError
+from pgcdc.protocol import (
+    Decoder,
+    Delete,
+    Insert,
+    Lsn,
+    Message,
+    Relation,
+    Truncate,
+    UndecodedChange,
+    Update,
+    encode,
+    pg_timestamp_to_datetime,
+)
+from pgcdc.protocol.columns import CHANGE_FRAME, change_frame
+from pgcdc.records import encode_record, read_range
 
-_RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
+__all__ = ["MESSAGES", "BatchInfo", "Spool", "SpoolRange", "default_spool_dir", "read_envelope"]
+
 DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Past this much unreleased data the writer waits for Spark (the server then keeps the WAL).
 DEFAULT_MAX_BYTES = 4 << 30
+#: Frames are written in records of about this size.
+_CHUNK_BYTES = 1 << 20
+#: The file of logical decoding messages (no relation has OID 0).
+MESSAGES = 0
+#: Rows per envelope batch `read_envelope` yields (and values, Arrow's int32 offsets).
+_BATCH_ROWS = 100_000
+_BATCH_VALUE_BYTES = 1 << 30
+
+_VERSION = struct.Struct(">H")
+_COMMIT = struct.Struct(">BQQIqH")  # flags, commit_lsn, end_lsn, xid, commit_ts, origin length
+_HAS_XID, _HAS_TS = 1, 2
 
 
 @dataclass(frozen=True, slots=True)
 class SpoolRange:
-    """Consecutive records of one segment file: what one executor task reads."""
+    """Whole units of one file: what one task reads for one relation. `versions` are the
+    Relation messages the units' frames were sent under (encoded), by version number."""
 
+    relid: int
     path: str
     offset: int
     length: int
     changes: int
+    versions: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    end_lsn: Lsn
+    relid: int
     segment: int
     offset: int
     length: int
     changes: int
 
 
+@dataclass(slots=True)
+class _Txn:
+    end_lsn: Lsn
+    commit_lsn: Lsn
+    commit_ts: int | None
+    changes: int
+    size: int
+    units: list[_Unit]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What the index says of the transactions of a batch."""
+
+    transactions: int
+    changes: int
+    bytes: int
+    first_commit_lsn: Lsn | None
+    last_commit_lsn: Lsn | None
+    last_commit_time: datetime | None
+
+
+@dataclass(slots=True)
+class _File:
+    """The active segment of one relation's (or the messages') file."""
+
+    segment: int
+    handle: BinaryIO
+    size: int = 0
+
+
+@dataclass(slots=True)
+class _Open:
+    """A unit being written: where it starts, its frames not yet written, its version."""
+
+    start: int
+    version: int
+    chunk: bytearray = field(default_factory=bytearray)
+    changes: int = 0
+
+
 class Spool:
-    """Appends come from the replication thread; planning and release from Spark's thread."""
+    """Writes come from the replication thread (`begin`, `change`, `truncate`, `message`,
+    `commit`); planning and release from the pipeline's thread."""
 
     def __init__(
         self,
@@ -72,71 +158,177 @@ class Spool:
         self.max_bytes = max_bytes
         self.closed = False
         self.changed = threading.Condition()
-        self._units: list[_Unit] = []
-        self._segment = -1
-        self._file: BinaryIO | None = None
-        self._size = 0
+        self._txns: list[_Txn] = []
+        self._files: dict[int, _File] = {}
+        self._segments: dict[tuple[int, int], int] = {}  # (relid, segment) -> units in index
         self._bytes_held = 0
-        self._roll()
+        #: Per relid: the Relation messages its frames were sent under, encoded.
+        self._versions: dict[int, list[bytes]] = {}
+        self._version_of: dict[int, tuple[Relation, int]] = {}
+        self._open: dict[int, _Open] = {}
+        self._ordinal = 0
 
-    def _path(self, segment: int) -> Path:
-        return self.directory / f"{segment:08d}.spool"
+    # -- files ---------------------------------------------------------------------------
 
-    def _roll(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._segment += 1
-        self._file = open(self._path(self._segment), "wb")  # noqa: SIM115 - kept open
-        self._size = 0
+    def _path(self, relid: int, segment: int) -> Path:
+        name = "messages" if relid == MESSAGES else f"r{relid}"
+        return self.directory / f"{name}-{segment:06d}.spool"
 
-    # -- the writer (replication thread) ---------------------------------------------------
+    def _file(self, relid: int) -> _File:
+        file = self._files.get(relid)
+        if file is None:
+            file = self._files[relid] = _File(0, open(self._path(relid, 0), "w+b"))  # noqa: SIM115
+        return file
 
-    def append(self, txn: SpooledTransaction) -> None:
-        payload = pickle.dumps(txn, protocol=pickle.HIGHEST_PROTOCOL)
-        record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+    def _write(self, relid: int, payload: bytes) -> None:
+        file = self._files[relid]
+        record = encode_record(payload)
+        file.handle.write(record)
+        file.size += len(record)
+
+    def _roll(self, relid: int) -> None:
+        """A new segment for `relid` (between units only); the old one goes now if Spark is
+        through with it already (else `release` deletes it)."""
+        file = self._files[relid]
+        file.handle.close()
+        segment = file.segment + 1
+        with self.changed:
+            self._files[relid] = _File(segment, open(self._path(relid, segment), "w+b"))  # noqa: SIM115
+            if not self._segments.get((relid, file.segment)):
+                self._segments.pop((relid, file.segment), None)
+                self._path(relid, file.segment).unlink(missing_ok=True)
+
+    # -- the writer (replication thread) -------------------------------------------------
+
+    def begin(self) -> None:
+        """A transaction's changes follow. One that was interrupted (a lost connection: the
+        server sends it again whole) is cut off its files."""
+        for relid, unit in self._open.items():
+            file = self._files[relid]
+            file.handle.seek(unit.start)
+            file.handle.truncate()
+            file.size = unit.start
+        self._open.clear()
+        self._ordinal = 0
+
+    def _version(self, relation: Relation) -> int:
+        known = self._version_of.get(relation.relid)
+        if known is not None and (known[0] is relation or known[0] == relation):
+            return known[1]
+        versions = self._versions.setdefault(relation.relid, [])
+        versions.append(encode(replace(relation, xid=None)))  # not a stream block's
+        version = len(versions) - 1
+        self._version_of[relation.relid] = (relation, version)
+        return version
+
+    def _frame(self, relid: int, version: int, frame: bytes) -> None:
+        unit = self._open.get(relid)
+        if unit is None:
+            file = self._file(relid)
+            unit = self._open[relid] = _Open(file.size, version)
+            self._write(relid, b"V" + _VERSION.pack(version))
+        elif unit.version != version:  # the relation changed inside the transaction
+            self._flush(relid, unit)
+            unit.version = version
+            self._write(relid, b"V" + _VERSION.pack(version))
+        unit.chunk += frame
+        unit.changes += 1
+        if len(unit.chunk) >= _CHUNK_BYTES:
+            self._flush(relid, unit)
+
+    def _flush(self, relid: int, unit: _Open) -> None:
+        if unit.chunk:
+            self._write(relid, b"F" + bytes(unit.chunk))
+            unit.chunk.clear()
+
+    def change(self, relation: Relation, lsn: int | None, message: bytes) -> None:
+        """An Insert, Update or Delete as the server sent it (`UndecodedChange.message`)."""
+        self._ordinal += 1
+        frame = change_frame(self._ordinal, lsn or 0, message)
+        self._frame(relation.relid, self._version(relation), frame)
+
+    def truncate(self, relations: Iterable[Relation], message: Truncate, lsn: int | None) -> None:
+        """A TRUNCATE: a frame in the file of each table it emptied."""
+        body = encode(Truncate(message.options, message.relids))
+        for relation in relations:
+            self._ordinal += 1
+            frame = change_frame(self._ordinal, lsn or 0, body)
+            self._frame(relation.relid, self._version(relation), frame)
+
+    def message(self, message: Message) -> None:
+        """A transactional logical decoding message (a non-transactional one: `begin`, this,
+        then `commit` at its own position)."""
+        self._ordinal += 1
+        body = encode(Message(message.flags, message.lsn, message.prefix, message.content))
+        self._frame(MESSAGES, 0, change_frame(self._ordinal, message.lsn, body))
+
+    def commit(
+        self,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        xid: int | None,
+        commit_ts: int | None,
+        origin: str | None,
+    ) -> None:
+        """The transaction committed: its units close and become visible to planning."""
+        flags = (_HAS_XID if xid is not None else 0) | (_HAS_TS if commit_ts is not None else 0)
+        origin_bytes = (origin or "").encode()
+        trailer = b"C" + _COMMIT.pack(
+            flags, commit_lsn, end_lsn, xid or 0, commit_ts or 0, len(origin_bytes)
+        )
+        units = []
+        for relid, unit in self._open.items():
+            self._flush(relid, unit)
+            self._write(relid, trailer + origin_bytes)
+            file = self._files[relid]
+            file.handle.flush()  # executors read the file through the OS
+            units.append(
+                _Unit(relid, file.segment, unit.start, file.size - unit.start, unit.changes)
+            )
+        self._open.clear()
+        size = sum(u.length for u in units)
         with self.changed:
             while self._bytes_held > self.max_bytes and not self.closed:
                 self.changed.wait(1.0)
             if self.closed:
                 raise SpoolError("the spool was closed")
-            if self._units and txn.end_lsn <= self._units[-1].end_lsn:
+            if self._txns and end_lsn <= self._txns[-1].end_lsn:
                 raise SpoolError(
-                    f"transaction ending at {txn.end_lsn} arrived after one ending at "
-                    f"{self._units[-1].end_lsn}: positions must increase"
+                    f"transaction ending at {end_lsn} arrived after one ending at "
+                    f"{self._txns[-1].end_lsn}: positions must increase"
                 )
-            if self._size and self._size + len(record) > self.segment_bytes:
-                self._roll()
-            assert self._file is not None
-            self._file.write(record)
-            # Executors read the file through the OS: hand every record over at once.
-            self._file.flush()
-            unit = _Unit(txn.end_lsn, self._segment, self._size, len(record), txn.changes)
-            self._units.append(unit)
-            self._size += len(record)
-            self._bytes_held += len(record)
+            changes = sum(u.changes for u in units)
+            self._txns.append(_Txn(Lsn(end_lsn), Lsn(commit_lsn), commit_ts, changes, size, units))
+            for u in units:
+                key = (u.relid, u.segment)
+                self._segments[key] = self._segments.get(key, 0) + 1
+            self._bytes_held += size
             self.changed.notify_all()
+        for u in units:
+            if self._files[u.relid].size >= self.segment_bytes:
+                self._roll(u.relid)
 
-    # -- planning (Spark's driver thread) --------------------------------------------------
+    # -- planning (the pipeline's thread) ----------------------------------------------------
 
     @property
     def last_lsn(self) -> Lsn | None:
         with self.changed:
-            return self._units[-1].end_lsn if self._units else None
+            return self._txns[-1].end_lsn if self._txns else None
 
     @property
     def bytes_held(self) -> int:
         return self._bytes_held
 
-    def _after(self, start: Lsn) -> list[_Unit]:
-        units = self._units
-        lo, hi = 0, len(units)
+    def _after(self, start: Lsn) -> list[_Txn]:
+        txns = self._txns
+        lo, hi = 0, len(txns)
         while lo < hi:
             mid = (lo + hi) // 2
-            if units[mid].end_lsn <= start:
+            if txns[mid].end_lsn <= start:
                 lo = mid + 1
             else:
                 hi = mid
-        return units[lo:]
+        return txns[lo:]
 
     def plan(
         self,
@@ -150,94 +342,199 @@ class Spool:
         number of changes; `start` and 0 when there is nothing."""
         with self.changed:
             end, changes, size = start, 0, 0
-            for unit in self._after(start):
-                if upto is not None and unit.end_lsn > upto:
+            for txn in self._after(start):
+                if upto is not None and txn.end_lsn > upto:
                     break
                 if changes and (
-                    (max_changes is not None and changes + unit.changes > max_changes)
-                    or (max_bytes is not None and size + unit.length > max_bytes)
+                    (max_changes is not None and changes + txn.changes > max_changes)
+                    or (max_bytes is not None and size + txn.size > max_bytes)
                 ):
                     break
-                end, changes, size = unit.end_lsn, changes + unit.changes, size + unit.length
+                end, changes, size = txn.end_lsn, changes + txn.changes, size + txn.size
             return end, changes
 
-    def ranges(self, start: Lsn, end: Lsn, *, target_bytes: int) -> list[SpoolRange]:
-        """The records of transactions ending in (start, end], cut into ranges of about
-        `target_bytes` that never split a transaction."""
-        out: list[SpoolRange] = []
+    def batch(self, start: Lsn, end: Lsn) -> BatchInfo:
+        """The transactions ending in (start, end]."""
         with self.changed:
-            current: list[_Unit] = []
-            for unit in self._after(start):
-                if unit.end_lsn > end:
-                    break
-                if current and (
-                    unit.segment != current[0].segment
-                    or sum(u.length for u in current) >= target_bytes
-                ):
-                    out.append(self._range(current))
-                    current = []
-                current.append(unit)
-            if current:
-                out.append(self._range(current))
-        return out
-
-    def _range(self, units: list[_Unit]) -> SpoolRange:
-        first, last = units[0], units[-1]
-        return SpoolRange(
-            str(self._path(first.segment)),
-            first.offset,
-            last.offset + last.length - first.offset,
-            sum(u.changes for u in units),
+            txns = [t for t in self._after(start) if t.end_lsn <= end]
+        times = [t.commit_ts for t in txns if t.commit_ts is not None]
+        return BatchInfo(
+            len(txns),
+            sum(t.changes for t in txns),
+            sum(t.size for t in txns),
+            txns[0].commit_lsn if txns else None,
+            txns[-1].commit_lsn if txns else None,
+            pg_timestamp_to_datetime(max(times)) if times else None,
         )
+
+    def ranges(self, start: Lsn, end: Lsn) -> dict[int, list[SpoolRange]]:
+        """Per relation OID (and `MESSAGES`), the byte ranges of its units of the
+        transactions ending in (start, end]: adjacent units of a segment are one range."""
+        spans: dict[int, list[list[int]]] = {}  # relid -> [segment, offset, length, changes]
+        with self.changed:
+            for txn in self._after(start):
+                if txn.end_lsn > end:
+                    break
+                for unit in txn.units:
+                    found = spans.setdefault(unit.relid, [])
+                    last = found[-1] if found else None
+                    if (
+                        last is not None
+                        and last[0] == unit.segment
+                        and (last[1] + last[2] == unit.offset)
+                    ):
+                        last[2] += unit.length
+                        last[3] += unit.changes
+                    else:
+                        found.append([unit.segment, unit.offset, unit.length, unit.changes])
+            versions = {relid: tuple(self._versions.get(relid, ())) for relid in spans}
+        return {
+            relid: [
+                SpoolRange(
+                    relid, str(self._path(relid, seg)), offset, length, changes, versions[relid]
+                )
+                for seg, offset, length, changes in found
+            ]
+            for relid, found in spans.items()
+        }
 
     def release(self, upto: Lsn) -> None:
         """Spark committed everything up to `upto`: forget it and delete finished segments."""
         with self.changed:
-            done = len(self._units) - len(self._after(upto))
+            done = len(self._txns) - len(self._after(upto))
             if not done:
                 return
-            gone, self._units = self._units[:done], self._units[done:]
-            self._bytes_held -= sum(u.length for u in gone)
-            keep = self._units[0].segment if self._units else self._segment
-            for segment in {u.segment for u in gone}:
-                if segment < keep:
-                    self._path(segment).unlink(missing_ok=True)
+            gone, self._txns = self._txns[:done], self._txns[done:]
+            self._bytes_held -= sum(t.size for t in gone)
+            for txn in gone:
+                for unit in txn.units:
+                    key = (unit.relid, unit.segment)
+                    self._segments[key] -= 1
+                    active = self._files.get(unit.relid)
+                    if self._segments[key] == 0 and (
+                        active is None or active.segment != unit.segment
+                    ):
+                        del self._segments[key]
+                        self._path(unit.relid, unit.segment).unlink(missing_ok=True)
             self.changed.notify_all()
 
     def close(self) -> None:
         with self.changed:
             self.closed = True
             self.changed.notify_all()
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            for file in self._files.values():
+                file.handle.close()
+            self._files.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def read_range(spool_range: SpoolRange) -> Iterator[SpooledTransaction]:
-    """The transactions of one range, checked record by record (executor side)."""
+def default_spool_dir(slot: str) -> str:
+    """A directory of this process under the temp directory; those of dead processes (Spark
+    kills the data source process without `stop`; a killed pipeline) are removed."""
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob(f"pgcdc-spool-{slot}-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return str(base / f"pgcdc-spool-{slot}-{os.getpid()}")
+
+
+# -- reading (executors) -----------------------------------------------------------------
+
+
+def _records(spool_range: SpoolRange) -> Iterator[bytes]:
     path = spool_range.path
     try:
-        with open(path, "rb") as f:
-            f.seek(spool_range.offset)
-            data = f.read(spool_range.length)
+        for record in read_range(path, spool_range.offset, spool_range.length):
+            yield record.payload
     except OSError as exc:
         raise SpoolError(
             f"cannot read spool file {path} (on executors the spool directory must be the "
             f"driver's, e.g. shared storage): {exc}"
         ) from None
-    view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        if pos + _RECORD.size > len(data):
-            raise SpoolError(
-                f"spool file {path}: record header cut at byte {spool_range.offset + pos}"
-            )
-        length, crc = _RECORD.unpack_from(view, pos)
-        payload = view[pos + _RECORD.size : pos + _RECORD.size + length]
-        if len(payload) != length or zlib.crc32(payload) != crc:
-            raise SpoolError(
-                f"spool file {path}: record at byte {spool_range.offset + pos} is damaged"
-            )
-        yield pickle.loads(payload)
-        pos += _RECORD.size + length
+    except RecordError as exc:
+        raise SpoolError(f"spool file {path}: {exc}") from None
+
+
+def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
+    """The envelope rows of the units in `ranges`, a column at a time (`EnvelopeBuilder`):
+    row changes straight from their frames, Truncates and messages decoded one by one."""
+    builder = EnvelopeBuilder()
+    for spool_range in ranges:
+        relations = [_relation(v) for v in spool_range.versions]
+        frames: list[tuple[int, bytes]] = []  # (version, F payload) of the open unit
+        version = 0
+        for payload in _records(spool_range):
+            tag = payload[:1]
+            if tag == b"V":
+                (version,) = _VERSION.unpack_from(payload, 1)
+            elif tag == b"F":
+                frames.append((version, payload))
+            elif tag == b"C":
+                _unit(builder, spool_range, relations, frames, payload)
+                frames = []
+                if len(builder) >= _BATCH_ROWS or builder.value_bytes >= _BATCH_VALUE_BYTES:
+                    yield builder.flush()
+            else:
+                raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
+    if len(builder):
+        yield builder.flush()
+
+
+def _relation(encoded: bytes) -> Relation:
+    message = Decoder(1).decode(encoded)
+    assert isinstance(message, Relation)
+    return message
+
+
+def _unit(
+    builder: EnvelopeBuilder,
+    spool_range: SpoolRange,
+    relations: list[Relation],
+    frames: list[tuple[int, bytes]],
+    trailer: bytes,
+) -> None:
+    flags, commit_lsn, _end, xid, commit_ts, origin_length = _COMMIT.unpack_from(trailer, 1)
+    origin = trailer[1 + _COMMIT.size :].decode() if origin_length else None
+    builder.begin(
+        commit_lsn,
+        xid if flags & _HAS_XID else None,
+        commit_ts if flags & _HAS_TS else None,
+        origin,
+    )
+    for version, payload in frames:
+        relation = relations[version] if spool_range.relid != MESSAGES else None
+        pos, end = 1, len(payload)
+        while pos < end:
+            if relation is not None:
+                pos = builder.frames(relation, payload, pos, end)
+                if pos >= end:
+                    break
+            pos = _one_frame(builder, relation, payload, pos, Lsn(commit_lsn))
+
+
+def _one_frame(
+    builder: EnvelopeBuilder, relation: Relation | None, payload: bytes, pos: int, commit: Lsn
+) -> int:
+    """The frame at `pos` that the column path did not take: a Truncate, a message, or a
+    change that does not decode (the decoder raises the precise error)."""
+    ordinal, lsn, size = CHANGE_FRAME.unpack_from(payload, pos)
+    start = pos + CHANGE_FRAME.size
+    body = payload[start : start + size]
+    decoder = Decoder(4, "parallel")
+    if relation is not None:
+        decoder.relations[relation.relid] = relation
+    try:
+        message = decoder.decode(body, lsn)
+    except PgcdcError as exc:
+        raise SpoolError(f"the change at LSN {Lsn(lsn)} (commit {commit}): {exc}") from None
+    if isinstance(message, Truncate) and relation is not None:
+        builder.truncate(ordinal, relation, message.cascade, message.restart_identity, lsn)
+    elif isinstance(message, Message):
+        builder.message(ordinal, message.prefix, message.content, message.transactional, lsn)
+    elif isinstance(message, Insert | Update | Delete | UndecodedChange) and relation is not None:
+        assert not isinstance(message, UndecodedChange)
+        builder.change(ordinal, message, relation, lsn)  # decoded in Python: still valid
+    else:
+        raise SpoolError(f"unexpected {type(message).__name__} in a spool unit at LSN {Lsn(lsn)}")
+    return start + size

@@ -16,10 +16,10 @@ import time
 from pgcdc.decoding import Change, DecodingContext, OutputPlugin, Transaction, Truncation
 from pgcdc.decoding.runner import PluginRunner
 from pgcdc.errors import SourceError
-from pgcdc.protocol import Lsn, Message, Relation, StreamingMode
+from pgcdc.protocol import Lsn, Message, Relation, StreamingMode, Truncate
+from pgcdc.protocol.messages import TRUNCATE_CASCADE, TRUNCATE_RESTART_IDENTITY
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
-from pgcdc.spark.envelope import SpooledTransaction
 from pgcdc.spark.spool import Spool
 
 __all__ = ["SpoolWriter", "Spooler"]
@@ -28,17 +28,20 @@ log = logging.getLogger(__name__)
 
 
 class SpoolWriter(OutputPlugin):
-    """An output plugin whose output is the spool: committed transactions, whole."""
+    """An output plugin whose output is the spool: committed transactions, their changes as
+    the server sent them (`undecoded_rows`: nothing is decoded on the driver)."""
 
+    undecoded_rows = True
     spool: Spool
 
     def begin(self, ctx: DecodingContext, txn: Transaction) -> None:
-        txn.output_plugin_private = []
+        self.spool.begin()
 
     def change(
         self, ctx: DecodingContext, txn: Transaction, relation: Relation, change: Change
     ) -> None:
-        txn.output_plugin_private.append(change)
+        assert change.raw is not None, "the spool's session decodes no rows"
+        self.spool.change(relation, change.lsn, change.raw)
 
     def truncate(
         self,
@@ -47,7 +50,11 @@ class SpoolWriter(OutputPlugin):
         relations: list[Relation],
         change: Truncation,
     ) -> None:
-        txn.output_plugin_private.append((change, tuple(relations)))
+        options = (TRUNCATE_CASCADE if change.cascade else 0) | (
+            TRUNCATE_RESTART_IDENTITY if change.restart_seqs else 0
+        )
+        relids = change.relids or tuple(r.relid for r in relations)
+        self.spool.truncate(relations, Truncate(options, relids), change.lsn)
 
     def message(
         self,
@@ -60,23 +67,16 @@ class SpoolWriter(OutputPlugin):
     ) -> None:
         message = Message(int(transactional), lsn, prefix, content)
         if txn is not None and transactional:
-            txn.output_plugin_private.append(message)
+            self.spool.message(message)
             return
         # A message outside any transaction is a unit of its own, ordered by its position.
-        self.spool.append(SpooledTransaction(lsn, Lsn(lsn + 1), None, None, None, [message]))
+        self.spool.begin()
+        self.spool.message(message)
+        self.spool.commit(lsn, Lsn(lsn + 1), None, None, None)
 
     def commit(self, ctx: DecodingContext, txn: Transaction, commit_lsn: Lsn) -> None:
         assert txn.end_lsn is not None
-        self.spool.append(
-            SpooledTransaction(
-                commit_lsn,
-                txn.end_lsn,
-                txn.xid,
-                txn.commit_ts,
-                txn.origin,
-                txn.output_plugin_private,
-            )
-        )
+        self.spool.commit(commit_lsn, txn.end_lsn, txn.xid, txn.commit_ts, txn.origin)
 
 
 class Spooler:
@@ -158,6 +158,25 @@ class Spooler:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
+                self.spool.changed.wait(min(remaining, 0.2))
+
+    def reached(self, lsn: Lsn, *, after: Lsn) -> bool:
+        """Whether everything that committed up to `lsn` has been spooled (and nothing
+        spooled after `after` waits): the session is idle past it, or has spooled past it."""
+        last = self.spool.last_lsn
+        if last is not None and last > after and last <= lsn:
+            return False
+        return (last is not None and last >= lsn) or self.server_position >= lsn
+
+    def wait_for_more(self, after: Lsn, timeout: float) -> None:
+        """Wait until something past `after` is spooled, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self.spool.changed:
+            while (self.spool.last_lsn or Lsn(0)) <= after:
+                self.check()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
                 self.spool.changed.wait(min(remaining, 0.2))
 
     def confirm(self, lsn: Lsn) -> None:

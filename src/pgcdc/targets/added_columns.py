@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pgcdc.targets.fold import Shape
+from pgcdc.envelope import Shape
 from pgcdc.types.arrow import ArrowBatchBuilder
 
 __all__ = ["FILL_VALUE", "ColumnFill", "FillSource", "added_columns", "fill_texts", "fill_values"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.targets.fold import Shape, _fingerprints, _shape
+from pgcdc.envelope import Shape
+from pgcdc.targets.fold import _fingerprints, _shape
 
 __all__ = ["BulkMirror", "bulk_mirror"]
 

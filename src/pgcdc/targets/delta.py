@@ -56,9 +56,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 
+from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, Shape
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
-from pgcdc.spark.envelope import ENVELOPE_ARROW_SCHEMA
 from pgcdc.targets.added_columns import (
     ColumnFill,
     FillSource,
@@ -75,7 +75,6 @@ from pgcdc.targets.fold import (
     MirrorPlan,
     MultisetPlan,
     Seq,
-    Shape,
     changes_from_envelope,
     describe_seq,
     fold_history,

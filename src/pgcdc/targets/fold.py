@@ -1,6 +1,6 @@
 """CDC semantics without I/O: a batch of change envelopes folded into what a table must do.
 
-The input is the envelope rows of one source table (`pgcdc.spark.envelope`), values still the
+The input is the envelope rows of one source table (`pgcdc.envelope`), values still the
 server's text. Folding happens on that text, before any typing: a key touched a hundred times in
 a batch is typed and written once.
 
@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.envelope import ColumnInfo, Shape
 from pgcdc.errors import TargetError
 from pgcdc.protocol import Lsn
 
@@ -60,45 +61,6 @@ Text = dict[str, str | None]
 _OPS = frozenset({"insert", "update", "delete", "truncate"})
 _READ = ("commit_lsn", "ordinal", "op", "key", "before", "after", "unchanged_toast", "lsn")
 _SHAPE_FIELDS = ("schema", "table", "relation_oid", "replica_identity")
-
-
-@dataclass(frozen=True, slots=True)
-class ColumnInfo:
-    name: str
-    type_oid: int
-    type_modifier: int
-    key: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """The relation as one change saw it: what typing and key matching need."""
-
-    schema: str
-    table: str
-    relation_oid: int
-    replica_identity: str
-    columns: tuple[ColumnInfo, ...]
-    key_names: tuple[str, ...] = field(init=False, compare=False)
-    _hash: int = field(init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key_names", tuple(c.name for c in self.columns if c.key))
-        # Shapes key every per-row dict; hashing the column tuple each time would dominate.
-        fields = (self.schema, self.table, self.relation_oid, self.replica_identity)
-        object.__setattr__(self, "_hash", hash((*fields, self.columns)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @property
-    def name(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-    @property
-    def full_identity(self) -> bool:
-        """REPLICA IDENTITY FULL: every column is the key, NULLs included."""
-        return self.replica_identity == "f"
 
 
 @dataclass(slots=True)

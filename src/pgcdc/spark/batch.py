@@ -1,0 +1,196 @@
+"""One micro-batch of the pipeline, applied by Spark tasks: the executors' side.
+
+The driver plans a batch (a range of spooled transactions) and cuts it into `TableWork`s,
+one per configured table with changes: the table's spool ranges, its targets and what
+typing needs (catalog answers recorded on the driver). Spark tasks run `apply_tables` on
+groups of them, in parallel: each reads its ranges, builds the envelope a column at a time
+(`pgcdc.spark.spool.read_envelope`) and applies it to every target of the table, each
+committing its data with the batch's watermark. Only a small `TableOutcome` per table goes
+back to the driver.
+
+A table whose targets cannot take its changes (a type change they cannot follow, a value out
+of range, a storage error) is reported in one line naming the table, the change, its key and
+its LSN; with ``on_error = "quarantine"`` its changes go to its pending change log instead,
+so the batch still completes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA
+from pgcdc.errors import TargetError
+from pgcdc.protocol import Lsn
+from pgcdc.snapshot.fill import SourceFills
+from pgcdc.spark.spool import SpoolRange, read_envelope
+from pgcdc.spark.typed import CatalogAnswers
+from pgcdc.targets import DeltaTarget
+from pgcdc.targets.delta import Mode
+from pgcdc.types.catalog import resolve
+from pgcdc.types.registry import DEFAULT_REGISTRY
+
+__all__ = ["TableOutcome", "TableWork", "apply_error_line", "apply_tables", "group_work"]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    path: str
+    mode: Mode
+
+
+@dataclass(frozen=True, slots=True)
+class TableWork:
+    """What a task needs to apply one table's part of a batch (all of it pickles)."""
+
+    table: str
+    targets: tuple[TargetSpec, ...]
+    ranges: tuple[SpoolRange, ...]
+    answers: CatalogAnswers
+    type_oids: tuple[int, ...]
+    app_id: str
+    conninfo: str
+    on_error: str = "stop"
+    #: The table's own OID and its partitions' (a TRUNCATE of some of them only is refused).
+    own_oid: int | None = None
+    leaves: frozenset[int] = frozenset()
+    #: The table's pending change log: where its changes go while it waits for its copy or
+    #: is quarantined (`pending`), or from this batch on when quarantined now.
+    pending_log: str = ""
+    pending: bool = False
+    changes: int = 0
+
+
+@dataclass(slots=True)
+class TableOutcome:
+    table: str
+    changes: int
+    #: Rows applied per target ("schema.table mode"); replayed rows are not counted.
+    applied: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    seconds: float = 0.0
+    #: The one-line error, when the targets could not take the changes.
+    error: str | None = None
+    #: The changes went to the pending change log (quarantined now, or waiting for a copy).
+    pending: bool = False
+    #: The first commit LSN of the batch (for the quarantine's record).
+    first_commit_lsn: int | None = None
+    last_commit_time: datetime | None = None
+
+
+def group_work(works: list[TableWork], tasks: int) -> list[list[TableWork]]:
+    """At most `tasks` groups of about equal changes (largest first), so that a batch of
+    many small tables does not pay a task per table."""
+    groups: list[list[TableWork]] = [[] for _ in range(min(tasks, len(works)))]
+    loads = [0] * len(groups)
+    for work in sorted(works, key=lambda w: -w.changes):
+        at = loads.index(min(loads))
+        groups[at].append(work)
+        loads[at] += max(work.changes, 1)
+    return [g for g in groups if g]
+
+
+def apply_tables(works: Iterable[TableWork]) -> list[TableOutcome]:
+    """Runs in a Spark task: each table's changes to its targets (see the module)."""
+    return [_apply(work) for work in works]
+
+
+def _apply(work: TableWork) -> TableOutcome:
+    started = time.monotonic()
+    rows = pa.Table.from_batches(list(read_envelope(work.ranges)), schema=ENVELOPE_ARROW_SCHEMA)
+    outcome = TableOutcome(work.table, rows.num_rows)
+    if rows.num_rows:
+        outcome.first_commit_lsn = pc.min(rows.column("commit_lsn")).as_py()
+        outcome.last_commit_time = pc.max(rows.column("commit_ts")).as_py()
+    try:
+        if work.pending:
+            _log(work, rows, outcome)
+        else:
+            _check_truncates(work, rows)
+            registry = DEFAULT_REGISTRY.copy()
+            resolve(registry, work.answers, list(work.type_oids))
+            fills = SourceFills(work.conninfo)
+            for spec in work.targets:
+                target = DeltaTarget(
+                    spec.path,
+                    spec.mode,
+                    app_id=work.app_id,
+                    registry=registry,
+                    source=work.table,
+                    fills=fills,
+                )
+                result = target.apply(rows)
+                outcome.applied[f"{work.table} {spec.mode}"] = result.applied
+                outcome.skipped += result.skipped
+    except Exception as exc:
+        outcome.error = apply_error_line(work.table, rows, exc)
+        if work.on_error == "quarantine" and not work.pending:
+            _log(work, rows, outcome)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _log(work: TableWork, rows: pa.Table, outcome: TableOutcome) -> None:
+    """The changes to the table's pending change log, durably (the slot may then move)."""
+    target = DeltaTarget(work.pending_log, "changelog", app_id=work.app_id, source=work.table)
+    target.apply(rows)
+    outcome.pending = True
+    outcome.applied[f"{work.table} pending"] = rows.num_rows
+
+
+def _check_truncates(work: TableWork, rows: pa.Table) -> None:
+    """A TRUNCATE of some partitions only (a publication without publish_via_partition_root
+    sends each partition's own) cannot be applied to the parent's targets: they do not know
+    which rows were that partition's."""
+    if not work.leaves:
+        return
+    truncates = rows.filter(pc.equal(rows.column("op"), "truncate"))
+    by_commit: dict[int, set[int]] = {}
+    for lsn, oid in zip(
+        truncates.column("commit_lsn").to_pylist(),
+        truncates.column("relation_oid").to_pylist(),
+        strict=True,
+    ):
+        by_commit.setdefault(lsn, set()).add(oid)
+    for lsn, oids in by_commit.items():
+        if work.own_oid in oids or work.leaves <= oids:
+            continue
+        partial = oids & work.leaves
+        if partial:
+            raise TargetError(
+                f"TRUNCATE of some of its partitions only (OIDs "
+                f"{', '.join(map(str, sorted(partial)))}) at commit LSN {Lsn(lsn)} cannot "
+                "be applied to the parent's targets; recopy the table"
+            )
+
+
+_DATA_FILE = re.compile(r"\S*\.parquet\b|\b(?:file|s3a?|abfss?|gs)://\S+")
+
+
+def apply_error_line(table: str, rows: pa.Table, exc: BaseException) -> str:
+    """One line for a batch of `table` its targets could not take: the commit LSNs, the
+    first change and its key, and the error's first line without data file names."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = _DATA_FILE.sub("<data file>", reason)
+    if not rows.num_rows:
+        return f"{table}: {reason}"
+    lsns = rows.column("commit_lsn")
+    low, high = Lsn(pc.min(lsns).as_py()), Lsn(pc.max(lsns).as_py())
+    order = pc.sort_indices(
+        rows.select(["commit_lsn", "ordinal"]),
+        [("commit_lsn", "ascending"), ("ordinal", "ascending")],
+    )
+    first = rows.take(order.slice(0, 1)).to_pylist()[0]
+    key = ", ".join(f"{k}={v}" for k, v in (first["key"] or []))
+    span = f"commit LSN {low}" if low == high else f"commit LSNs {low} to {high}"
+    return (
+        f"{table}: cannot apply {rows.num_rows} change{'' if rows.num_rows == 1 else 's'} "
+        f"at {span} (first: {first['op']} "
+        f"of key ({key}) at LSN {Lsn(first['lsn'] or 0)}): {reason}"
+    )

@@ -58,6 +58,8 @@ class SlotInfo:
     safe_wal_size: int | None
     two_phase: bool | None = None
     failover: bool | None = None
+    #: On a standby: a copy of a primary's failover slot, kept in sync by the standby (17+).
+    synced: bool | None = None
     conflicting: bool | None = None
     invalidation_reason: str | None = None
     inactive_since: datetime | None = None
@@ -71,6 +73,7 @@ class SlotInfo:
 _OPTIONAL_COLUMNS = [
     ("two_phase", 140000),
     ("failover", 170000),
+    ("synced", 170000),
     ("conflicting", 160000),
     ("invalidation_reason", 170000),
     ("inactive_since", 170000),

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from pgcdc.embedded import Database, EmbeddedServer, EmbeddedServerError, available_versions
+from pgcdc.monitoring import failover_warnings, slot_status
 from pgcdc.replication import slots
 
 from .helpers import TailThread, unique, wait_active, wait_for
@@ -129,6 +130,18 @@ def test_stream_survives_promotion_of_a_standby(primary: EmbeddedServer) -> None
         wait_until_sync_ready(db, standby, slot)
         on_standby = slots.get_slot(standby.dsn_for(db.dbname), slot)
         assert (on_standby.synced, on_standby.failover) == (True, True)
+        status = slot_status(db.dsn, slot, standby=standby.dsn_for(db.dbname))
+        assert status.synchronized_standby_slots == ("pgcdc_standby",)
+        assert status.standby is not None
+        assert (status.standby.present, status.standby.synced, status.standby.sync_ready) == (
+            True,
+            True,
+            True,
+        )
+        assert status.standby.confirmed_flush_lsn == on_standby.confirmed_flush_lsn
+        assert failover_warnings(status) == []
+        seen = slot_status(standby.dsn_for(db.dbname), slot)
+        assert seen.in_recovery and seen.slot.synced and seen.server_lsn > 0
 
         both = (
             f"host=127.0.0.1,127.0.0.1 port={primary.port},{standby.port} user=postgres "
@@ -181,8 +194,10 @@ def test_stream_survives_promotion_of_a_standby(primary: EmbeddedServer) -> None
         assert set(delivered) == source
         duplicates = {batch: n for batch, n in delivered.items() if n > 1}
         assert not duplicates, f"delivered more than once: {duplicates}"
-        after = slots.get_slot(standby.dsn_for(db.dbname), slot)
-        assert after.confirmed_flush_lsn is not None and after.confirmed_flush_lsn > confirmed
+        after = slot_status(standby.dsn_for(db.dbname), slot)
+        assert not after.in_recovery
+        assert after.slot.confirmed_flush_lsn is not None
+        assert after.slot.confirmed_flush_lsn > confirmed
         print(
             f"{len(source)} transactions, {len(writer.acked) - promoted_at} after the "
             f"promotion; at the primary's shutdown the client had confirmed {confirmed}, the "

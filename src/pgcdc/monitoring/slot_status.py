@@ -23,7 +23,7 @@ from pgcdc.replication.slots import (
     wal_position_sql,
 )
 
-__all__ = ["SlotStatus", "StandbyCopy", "slot_status", "wal_warnings"]
+__all__ = ["SlotStatus", "StandbyCopy", "failover_warnings", "slot_status", "wal_warnings"]
 
 #: `safe_wal_size` below this share of `max_slot_wal_keep_size` is worth a warning; so is an
 #: inactive slot with less than this share of `idle_replication_slot_timeout` left.
@@ -81,15 +81,16 @@ class SlotStatus:
     def idle_timeout_in(self) -> float | None:
         """Seconds before `idle_replication_slot_timeout` invalidates this inactive slot (the
         server does it at the first checkpoint after that; negative: overdue); None when it
-        does not apply (no timeout, active, invalidated, synced, or reserving no WAL)."""
+        does not apply (no timeout, active, invalidated, reserving no WAL, or a copy a standby
+        keeps in sync)."""
         slot = self.slot
         if (
             not self.idle_timeout
             or slot.active
             or slot.inactive_since is None
             or slot.invalidated
-            or slot.synced
             or slot.restart_lsn is None
+            or (slot.synced and self.in_recovery)
         ):
             return None
         idle_for = (self.server_time - slot.inactive_since).total_seconds()
@@ -240,4 +241,29 @@ def wal_warnings(status: SlotStatus, max_retained_bytes: int | None = None) -> l
                 f"slot {name} is inactive: idle_replication_slot_timeout invalidates it in "
                 f"{format_seconds(left)}"
             )
+    return warnings
+
+
+def failover_warnings(status: SlotStatus) -> list[str]:
+    """What a failover to a standby would cost this failover slot; [] for other slots.
+
+    Without `synchronized_standby_slots` a consumer can receive changes that no standby has
+    yet (lost by a failover, though the consumer applied them); a standby asked (`standby`)
+    that has no copy, or only a temporary one, loses the slot in a failover."""
+    if not status.slot.failover or status.in_recovery:
+        return []
+    warnings = []
+    if not status.synchronized_standby_slots:
+        warnings.append(
+            "synchronized_standby_slots is not set: the consumer may receive changes that no "
+            "standby has yet, which a failover would then lose"
+        )
+    standby = status.standby
+    if standby is not None and not standby.present:
+        warnings.append("the standby has no copy of the slot: a failover to it loses the slot")
+    elif standby is not None and not standby.sync_ready:
+        warnings.append(
+            "the standby's copy of the slot is not sync-ready yet (temporary): a failover to "
+            "it now loses the slot"
+        )
     return warnings

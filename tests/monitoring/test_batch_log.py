@@ -13,7 +13,7 @@ import pytest
 from pgcdc.errors import MonitoringError
 from pgcdc.monitoring import BatchLog, BatchRecord
 
-from .batches import START, batch_records
+from .helpers import START, batch_records
 
 
 def test_round_trip_and_since(tmp_path: Path) -> None:

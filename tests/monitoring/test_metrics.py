@@ -17,7 +17,7 @@ from pgcdc.monitoring import PipelineMetrics, slot_status, wal_warnings
 from pgcdc.protocol import Lsn
 from replication.helpers import unique
 
-from .batches import TARGETS, batch_records
+from .helpers import TARGETS, batch_records
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import struct
 from pathlib import Path
 
 import pytest
@@ -11,17 +10,7 @@ import pytest
 from pgcdc.errors import MonitoringError
 from pgcdc.monitoring import plot_batches, throughput
 
-from .batches import TARGETS, batch_records
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE, "not a PNG"
-    assert data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
+from .helpers import TARGETS, batch_records, png_size
 
 
 def test_plot_draws_lag_throughput_and_apply_seconds(tmp_path: Path) -> None:

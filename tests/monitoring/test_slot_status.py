@@ -9,42 +9,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
-from pgcdc.embedded import Database, EmbeddedServer
+from pgcdc.embedded import Database
 from pgcdc.errors import SlotNotFound
 from pgcdc.monitoring import failover_warnings, slot_status, wal_warnings
 from replication.helpers import TailThread, unique, wait_active, wait_for
 
-
-def create_slot(db: Database) -> str:
-    slot = unique("status")
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    return slot
-
-
-def make_wal(db: Database, segments: int) -> None:
-    """Write into `segments` WAL segments, one after the other."""
-    for _ in range(segments):
-        db.execute("INSERT INTO t VALUES (1)")
-        db.execute("SELECT pg_switch_wal()")
-
-
-@pytest.fixture
-def small_keep(pg_server: EmbeddedServer) -> Iterator[Database]:
-    """A database on a server of its own with max_slot_wal_keep_size = 1MB (and on 18 an
-    idle_replication_slot_timeout of 2 s), with a table t."""
-    settings: dict[str, str | int | bool | float] = {"max_slot_wal_keep_size": "1MB"}
-    if pg_server.version >= 18:
-        settings["idle_replication_slot_timeout"] = "2s"
-    with EmbeddedServer(pg_server.version, settings=settings) as server:
-        db = server.create_database()
-        db.execute("CREATE TABLE t (id int)")
-        yield db
-        db.close()
+from .helpers import create_slot, make_wal
 
 
 def test_streamed_slot(pg: Database) -> None:

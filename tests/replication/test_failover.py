@@ -21,7 +21,7 @@ from pgcdc.embedded import Database, EmbeddedServer, EmbeddedServerError, availa
 from pgcdc.monitoring import failover_warnings, slot_status
 from pgcdc.replication import slots
 
-from .helpers import TailThread, unique, wait_active, wait_for
+from .helpers import TailThread, run_cli, unique, wait_active, wait_for
 
 ROWS_PER_TRANSACTION = 3
 
@@ -140,6 +140,9 @@ def test_stream_survives_promotion_of_a_standby(primary: EmbeddedServer) -> None
         )
         assert status.standby.confirmed_flush_lsn == on_standby.confirmed_flush_lsn
         assert failover_warnings(status) == []
+        shown = run_cli("status", "-d", db.dsn, "-S", slot, "--standby", standby.dsn)
+        assert shown.returncode == 0 and "synced, sync-ready" in shown.stdout, shown.stderr
+        assert "warning" not in shown.stdout
         seen = slot_status(standby.dsn_for(db.dbname), slot)
         assert seen.in_recovery and seen.slot.synced and seen.server_lsn > 0
 

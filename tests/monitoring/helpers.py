@@ -1,11 +1,16 @@
-"""Batch records as a pipeline writes them, for the batch log, plot and metrics tests."""
+"""Batch records as a pipeline writes them (for the batch log, plot and metrics tests), and
+slots with WAL behind them."""
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+from pgcdc.embedded import Database
 from pgcdc.monitoring import BatchRecord
 from pgcdc.protocol import Lsn
+from replication.helpers import unique
 
 START = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 TARGETS = ("public.orders mirror", "public.orders history")
@@ -41,3 +46,27 @@ def batch_records(count: int, *, start: datetime = START, every: float = 2.0) ->
             )
         )
     return records
+
+
+def create_slot(db: Database) -> str:
+    slot = unique("status")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    return slot
+
+
+def make_wal(db: Database, segments: int) -> None:
+    """Write into `segments` WAL segments, one after the other (table t)."""
+    for _ in range(segments):
+        db.execute("INSERT INTO t VALUES (1)")
+        db.execute("SELECT pg_switch_wal()")
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height

@@ -210,4 +210,6 @@ def print_sections(sections: list[Section], *, as_json: bool) -> None:
         console.print(table)
         style = "bold red" if section.critical else "yellow"
         for warning in section.warnings:
-            console.print(f"warning: {warning}", style=style, markup=False, highlight=False)
+            console.print(
+                f"warning: {warning}", style=style, markup=False, highlight=False, soft_wrap=True
+            )

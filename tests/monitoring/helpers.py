@@ -3,14 +3,16 @@ slots with WAL behind them."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pgcdc.embedded import Database
 from pgcdc.monitoring import BatchRecord
 from pgcdc.protocol import Lsn
-from replication.helpers import unique
+from replication.helpers import TailThread, unique, wait_active
 
 START = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 TARGETS = ("public.orders mirror", "public.orders history")
@@ -70,3 +72,17 @@ def png_size(path: Path) -> tuple[int, int]:
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
+
+
+@contextlib.contextmanager
+def streamed_slot(db: Database) -> Iterator[tuple[str, TailThread, int]]:
+    """A table t published as `pub`, and a slot that a `TailThread` streams while in the
+    block: (slot, the thread, its walsender's pid)."""
+    db.execute("CREATE TABLE t (id int); CREATE PUBLICATION pub FOR TABLE t")
+    slot = create_slot(db)
+    tail = TailThread(db.dsn, slot, "pub", status_interval=0.2)
+    tail.start()
+    try:
+        yield slot, tail, wait_active(db, slot)
+    finally:
+        tail.finish(lambda: db.execute("INSERT INTO t VALUES (0)"))

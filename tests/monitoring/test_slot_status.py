@@ -16,18 +16,13 @@ import pytest
 from pgcdc.embedded import Database
 from pgcdc.errors import SlotNotFound
 from pgcdc.monitoring import failover_warnings, slot_status, wal_warnings
-from replication.helpers import TailThread, unique, wait_active, wait_for
+from replication.helpers import unique, wait_for
 
-from .helpers import create_slot, make_wal
+from .helpers import create_slot, make_wal, streamed_slot
 
 
 def test_streamed_slot(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int); CREATE PUBLICATION pub FOR TABLE t")
-    slot = create_slot(pg)
-    tail = TailThread(pg.dsn, slot, "pub", status_interval=0.2)
-    tail.start()
-    try:
-        pid = wait_active(pg, slot)
+    with streamed_slot(pg) as (slot, _tail, pid):
         pg.execute("INSERT INTO t SELECT generate_series(1, 1000)")
         written = slot_status(pg.dsn, slot).server_lsn
         status = wait_for(
@@ -35,8 +30,6 @@ def test_streamed_slot(pg: Database) -> None:
             timeout=20,
             what="the consumer to confirm the insert",
         )
-    finally:
-        tail.finish(lambda: pg.execute("INSERT INTO t VALUES (0)"))
     slot_info = status.slot
     assert (slot_info.active, slot_info.active_pid) == (True, pid)
     assert status.server_lsn >= slot_info.confirmed_flush_lsn >= written

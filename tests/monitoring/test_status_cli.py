@@ -11,14 +11,12 @@ from typing import Any
 from pgcdc.embedded import Database
 from pgcdc.monitoring import BatchLog
 from replication.helpers import (
-    TailThread,
     assert_one_error_line,
     run_cli,
-    wait_active,
     wait_for,
 )
 
-from .helpers import TARGETS, batch_records, create_slot, make_wal, png_size
+from .helpers import TARGETS, batch_records, create_slot, make_wal, png_size, streamed_slot
 
 
 def status(*args: str) -> str:
@@ -33,18 +31,11 @@ def status_json(*args: str) -> dict[str, Any]:
 
 
 def test_streamed_slot(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int); CREATE PUBLICATION pub FOR TABLE t")
-    slot = create_slot(pg)
-    tail = TailThread(pg.dsn, slot, "pub", status_interval=0.2)
-    tail.start()
-    try:
-        pid = wait_active(pg, slot)
+    with streamed_slot(pg) as (slot, tail, pid):
         pg.execute("INSERT INTO t SELECT generate_series(1, 100)")
         wait_for(lambda: tail.collector.transactions, timeout=20, what="the insert")
         text = status("-d", pg.dsn, "-S", slot)
         data = status_json("-d", pg.dsn, "-S", slot)
-    finally:
-        tail.finish(lambda: pg.execute("INSERT INTO t VALUES (0)"))
     for needle in (slot, f"active (pid {pid})", "confirmed_flush_lsn", "retained WAL", "lag"):
         assert needle in text, text
     assert "warning" not in text

@@ -7,6 +7,7 @@ and quarantined tables.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -38,82 +39,55 @@ class PipelineMetrics:
                 "metrics need prometheus-client: pip install 'pgcdc[spark]' (or prometheus-client)"
             ) from None
         self.registry: CollectorRegistry = CollectorRegistry()
-        registry = self.registry
-        self.changes = Counter("pgcdc_changes", "Changes applied", registry=registry)
-        self.bytes = Counter("pgcdc_bytes", "Bytes of changes applied", registry=registry)
-        self.batches = Counter("pgcdc_batches", "Batches applied", registry=registry)
-        self.lag_bytes = Gauge(
-            "pgcdc_lag_bytes",
-            "WAL the server has that the targets do not, after the last batch",
-            registry=registry,
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        histogram = functools.partial(
+            Histogram, buckets=BATCH_SECONDS_BUCKETS, registry=self.registry
         )
-        self.lag_seconds = Gauge(
+        self.changes = counter("pgcdc_changes", "Changes applied")
+        self.bytes = counter("pgcdc_bytes", "Bytes of changes applied")
+        self.batches = counter("pgcdc_batches", "Batches applied")
+        self.lag_bytes = gauge(
+            "pgcdc_lag_bytes", "WAL the server has that the targets do not, after the last batch"
+        )
+        self.lag_seconds = gauge(
             "pgcdc_lag_seconds",
-            "Server clock minus the commit time of the last transaction applied",
-            registry=registry,
+            "The server clock minus the last applied commit time",
         )
-        self.batch_seconds = Histogram(
-            "pgcdc_batch_seconds",
-            "Seconds per batch",
-            buckets=BATCH_SECONDS_BUCKETS,
-            registry=registry,
+        self.batch_seconds = histogram("pgcdc_batch_seconds", "Seconds per batch")
+        self.apply_seconds = histogram(
+            "pgcdc_target_apply_seconds", "Seconds applying a batch to a target", ["target"]
         )
-        self.apply_seconds = Histogram(
-            "pgcdc_target_apply_seconds",
-            "Seconds applying a batch to a target",
-            ["target"],
-            buckets=BATCH_SECONDS_BUCKETS,
-            registry=registry,
-        )
-        self.target_rows = Counter(
-            "pgcdc_target_rows", "Rows applied to a target", ["target"], registry=registry
-        )
-        self.watermark = Gauge(
+        self.target_rows = counter("pgcdc_target_rows", "Rows applied to a target", ["target"])
+        self.watermark = gauge(
             "pgcdc_target_watermark_lsn",
             "The target's watermark: the commit LSN it holds everything up to, as a number",
             ["target"],
-            registry=registry,
         )
-        self.retained_wal = Gauge(
-            "pgcdc_slot_retained_wal_bytes", "WAL the slot keeps on the server", registry=registry
-        )
-        self.safe_wal_size = Gauge(
+        self.retained_wal = gauge("pgcdc_slot_retained_wal_bytes", "WAL the slot keeps")
+        self.safe_wal_size = gauge(
             "pgcdc_slot_safe_wal_size_bytes",
             "WAL that may still be written before max_slot_wal_keep_size invalidates the slot "
             "(NaN: no limit)",
-            registry=registry,
         )
-        self.slot_lag = Gauge(
-            "pgcdc_slot_lag_bytes",
-            "The server's WAL position minus the slot's confirmed_flush_lsn",
-            registry=registry,
+        self.slot_lag = gauge(
+            "pgcdc_slot_lag_bytes", "The server's WAL position minus the slot's confirmed_flush_lsn"
         )
-        self.slot_invalidated = Gauge(
-            "pgcdc_slot_invalidated", "1 when the slot is invalidated", registry=registry
-        )
-        self.idle_timeout_in = Gauge(
+        self.slot_invalidated = gauge("pgcdc_slot_invalidated", "1 when the slot is invalidated")
+        self.idle_timeout_in = gauge(
             "pgcdc_slot_idle_timeout_seconds",
             "Seconds before idle_replication_slot_timeout invalidates the inactive slot "
             "(NaN: does not apply)",
-            registry=registry,
         )
-        self.wal_warning = Gauge(
-            "pgcdc_wal_warning", "1 while a WAL warning is active", registry=registry
+        self.wal_warning = gauge("pgcdc_wal_warning", "1 while a WAL warning is active")
+        self.copy_rows_done = gauge("pgcdc_initial_copy_rows_done", "Rows copied", ["table"])
+        self.copy_rows_total = gauge(
+            "pgcdc_initial_copy_rows_total", "Rows to copy (the planner's estimate)", ["table"]
         )
-        self.copy_rows_done = Gauge(
-            "pgcdc_initial_copy_rows_done", "Rows copied so far", ["table"], registry=registry
-        )
-        self.copy_rows_total = Gauge(
-            "pgcdc_initial_copy_rows_total",
-            "Rows to copy (the planner's estimate)",
-            ["table"],
-            registry=registry,
-        )
-        self.quarantined = Gauge(
+        self.quarantined = gauge(
             "pgcdc_table_quarantined",
             "1 for a table stopped (quarantined), labelled with the reason",
             ["table", "reason"],
-            registry=registry,
         )
         self._reasons: dict[str, str] = {}
         self._lock = threading.Lock()

@@ -804,7 +804,8 @@ class EmbeddedServer:
         (PostgreSQL 17+) it synchronizes this server's failover slots (`sync_replication_slots`;
         `primary_conninfo` names `dbname`, which must exist), and this server sends a failover
         slot's changes only once the standby has their WAL (`synchronized_standby_slots`), so
-        that a consumer never gets ahead of the standby's copy of the slot. `settings` extend
+        that a consumer never gets ahead of the standby's copy of the slot (so while this
+        server runs without the standby, failover slots' consumers wait). `settings` extend
         or override this server's settings for the standby.
         """
         if not self.running:
@@ -831,8 +832,9 @@ class EmbeddedServer:
         standby._base_backup = _BaseBackup(self.dsn_for(dbname), slot)
         standby.start()
         if sync_slots:
+            waited_for = str(self._settings.get("synchronized_standby_slots", ""))
             try:
-                self.configure({"synchronized_standby_slots": slot})
+                self.configure({"synchronized_standby_slots": f"{waited_for},{slot}".strip(",")})
             except BaseException:
                 standby.stop()
                 raise

@@ -106,6 +106,10 @@ def test_bad_input_is_one_line(pg: Database, tmp_path: Path) -> None:
         status=2,
     )
     assert_one_error_line(run_cli("status", "-d", pg.dsn), "Missing option '-S'", status=2)
+    assert_one_error_line(
+        run_cli("status", "-d", pg.dsn, "-S", slot, "--standby", pg.dsn),
+        "the server given as the standby is not in recovery",
+    )
     damaged = tmp_path / "batches.jsonl"
     damaged.write_text("not json\n")
     assert_one_error_line(

@@ -146,7 +146,7 @@ def slot_status(conninfo: str, slot: str, *, standby: str | None = None) -> Slot
         version = conn.info.server_version
         recovery = in_recovery(conn)
         row = conn.execute(
-            f"""SELECT {wal_position_sql(conn)}::text, clock_timestamp(),
+            f"""SELECT {wal_position_sql(recovery)}::text, clock_timestamp(),
                        pg_size_bytes(current_setting('max_slot_wal_keep_size')),
                        (SELECT setting::int FROM pg_settings
                         WHERE name = 'idle_replication_slot_timeout'),

@@ -102,7 +102,7 @@ def read_slots(conn: psycopg.Connection, name: str | None = None) -> list[SlotIn
     query = f"""
         SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
                restart_lsn::text, confirmed_flush_lsn::text,
-               pg_wal_lsn_diff({wal_position_sql(conn)}, restart_lsn)::bigint,
+               pg_wal_lsn_diff({wal_position_sql(in_recovery(conn))}, restart_lsn)::bigint,
                wal_status, safe_wal_size {"".join(", " + c for c in optional)}
         FROM pg_replication_slots
         {"WHERE slot_name = %s" if name else ""}
@@ -124,9 +124,10 @@ def in_recovery(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-def wal_position_sql(conn: psycopg.Connection) -> str:
-    """The SQL for the server's WAL position: written WAL on a primary, received on a standby."""
-    return "pg_last_wal_receive_lsn()" if in_recovery(conn) else "pg_current_wal_lsn()"
+def wal_position_sql(recovery: bool) -> str:
+    """The SQL for the server's WAL position: written WAL on a primary, received on a standby
+    (in `recovery`)."""
+    return "pg_last_wal_receive_lsn()" if recovery else "pg_current_wal_lsn()"
 
 
 def create_slot(

@@ -10,6 +10,7 @@ is delivered exactly once, and every commit the writer saw acknowledged is there
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -143,6 +144,9 @@ def test_stream_survives_promotion_of_a_standby(primary: EmbeddedServer) -> None
         shown = run_cli("status", "-d", db.dsn, "-S", slot, "--standby", standby.dsn)
         assert shown.returncode == 0 and "synced, sync-ready" in shown.stdout, shown.stderr
         assert "warning" not in shown.stdout
+        shown = run_cli("status", "-d", db.dsn, "-S", slot, "--standby", standby.dsn, "--json")
+        as_json = json.loads(shown.stdout)
+        assert as_json["failover_warnings"] == [] and as_json["slot"]["standby"]["sync_ready"]
         seen = slot_status(standby.dsn_for(db.dbname), slot)
         assert seen.in_recovery and seen.slot.synced and seen.server_lsn > 0
 

@@ -28,7 +28,14 @@ from pgcdc.monitoring import (
     wal_warnings,
 )
 
-__all__ = ["Section", "batch_section", "print_sections", "slot_sections", "status_sections"]
+__all__ = [
+    "Section",
+    "batch_section",
+    "plot_section",
+    "print_sections",
+    "slot_sections",
+    "status_sections",
+]
 
 
 @dataclass(slots=True)
@@ -56,22 +63,25 @@ def status_sections(
 ) -> list[Section]:
     """Everything `pgcdc status -d CONNINFO -S SLOT` shows."""
     status = slot_status(conninfo, slot, standby=standby)
-    sections = slot_sections(status, wal_warnings(status, max_retained_bytes), max_retained_bytes)
+    sections = slot_sections(status, max_retained_bytes)
     if batch_log is not None:
         records = BatchLog(batch_log).read()
         sections.append(batch_section(records, status.server_time))
         if plot is not None:
-            drawn = plot_batches(records, plot, title=f"pgcdc slot {slot}")
-            points = ", ".join(f"{name} ({count})" for name, count in drawn.items())
-            sections.append(
-                Section(
-                    "Plot",
-                    [("file", str(plot)), ("series (points)", points)],
-                    key="plot",
-                    data={"path": str(plot), "series": drawn},
-                )
-            )
+            sections.append(plot_section(records, plot, title=f"pgcdc slot {slot}"))
     return sections
+
+
+def plot_section(records: list[BatchRecord], plot: Path, *, title: str) -> Section:
+    """Draw `records` into `plot`; the section says what was drawn."""
+    drawn = plot_batches(records, plot, title=title)
+    points = ", ".join(f"{name} ({count})" for name, count in drawn.items())
+    return Section(
+        "Plot",
+        [("file", str(plot)), ("series (points)", points)],
+        key="plot",
+        data={"path": str(plot), "series": drawn},
+    )
 
 
 def _ago(then: datetime, now: datetime) -> str:
@@ -82,10 +92,8 @@ def _yes(value: bool | None) -> str:
     return "" if value is None else "yes" if value else "no"
 
 
-def slot_sections(
-    status: SlotStatus, warnings: list[str], max_retained_bytes: int | None = None
-) -> list[Section]:
-    """The slot, its WAL (with `warnings`) and, for a failover slot, its standby copy."""
+def slot_sections(status: SlotStatus, max_retained_bytes: int | None = None) -> list[Section]:
+    """The slot, its WAL (with `wal_warnings`) and, for a failover slot, its standby copy."""
     slot = status.slot
     now = status.server_time
     if slot.active:
@@ -123,6 +131,7 @@ def slot_sections(
         if left is not None:
             idle += f"; invalidates this inactive slot in {format_seconds(max(left, 0))}"
         wal_rows.append(("idle_replication_slot_timeout", idle))
+    warnings = wal_warnings(status, max_retained_bytes)
     sections.append(
         Section(
             "WAL",
@@ -152,7 +161,12 @@ def slot_sections(
                     f"({format_bytes(standby.behind_bytes)} behind)",
                 )
             )
-        sections.append(Section("Failover", failover_rows, warnings=failover_warnings(status)))
+        warned = failover_warnings(status)
+        sections.append(
+            Section(
+                "Failover", failover_rows, key="failover_warnings", data=warned, warnings=warned
+            )
+        )
     return sections
 
 
@@ -164,13 +178,15 @@ def batch_section(records: list[BatchRecord], now: datetime) -> Section:
     rates = [rate for _, rate in throughput(records)]
     span = (last.time - records[0].time).total_seconds()
     changes = sum(r.changes for r in records)
+    average = changes / span if span > 0 else None
+    peak = max(rates, default=None)
     data = {
         "count": len(records),
         "first": records[0].time.isoformat(),
         "last": last.to_json(),
         "changes": changes,
-        "changes_per_second": changes / span if span > 0 else None,
-        "peak_changes_per_second": max(rates, default=None),
+        "changes_per_second": average,
+        "peak_changes_per_second": peak,
     }
     lag_seconds = "" if last.lag_seconds is None else f", {last.lag_seconds:.1f} s"
     rows = [
@@ -183,8 +199,7 @@ def batch_section(records: list[BatchRecord], now: datetime) -> Section:
         ("lag after it", f"{format_bytes(last.lag_bytes) or '-'}{lag_seconds}"),
         (
             "changes",
-            f"{changes} ({data['changes_per_second'] or 0:.0f}/s on average, "
-            f"peak {data['peak_changes_per_second'] or 0:.0f}/s)",
+            f"{changes} ({average or 0:.0f}/s on average, peak {peak or 0:.0f}/s)",
         ),
     ]
     for target, applied in sorted(last.targets.items()):

@@ -12,6 +12,9 @@ Two details need care:
   unprivileged OS user (`pgcdc`, created with `useradd --system` if missing, else `nobody`;
   `PGCDC_PG_OS_USER` overrides). Binaries that user cannot reach (a venv under a 0700 `/root`)
   are copied — hard links where the permissions allow — to a world-readable temp dir.
+- A physical standby (`EmbeddedServer.start_standby`) is a `pg_basebackup` of a running server,
+  run by the same OS user, streaming from a physical slot on it, on its own port; from
+  PostgreSQL 17 it synchronizes the primary's failover slots (`sync_replication_slots`).
 - No server may outlive the Python process: the postmaster is our direct child, is stopped by a
   finalizer and at exit, and on Linux also gets `PR_SET_PDEATHSIG` so even `kill -9` of Python
   stops it. Temp dirs left behind by killed processes are swept on the next start.
@@ -25,6 +28,7 @@ import ctypes
 import functools
 import importlib.util
 import logging
+import math
 import os
 import pwd
 import re
@@ -512,6 +516,15 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+@dataclass(frozen=True, slots=True)
+class _BaseBackup:
+    """Where a standby's data dir comes from: the primary's conninfo and the physical slot
+    that the backup creates and the standby then streams from."""
+
+    conninfo: str
+    slot: str
+
+
 @dataclass(eq=False)
 class _Instance:
     """What stopping and cleaning up needs; no reference back to the EmbeddedServer, so a
@@ -604,6 +617,8 @@ class EmbeddedServer:
         self._socket_dir: Path | None = None
         self._log_path: Path | None = None
         self._port = 0
+        #: For a standby: what `start()` copies with pg_basebackup instead of running initdb.
+        self._base_backup: _BaseBackup | None = None
 
     # ---- facts
 
@@ -713,7 +728,11 @@ class EmbeddedServer:
             _LIVE[id(inst)] = inst
         self._finalizer = weakref.finalize(self, inst.shutdown, "immediate")
         try:
-            self._init_cluster(base, user)
+            self._prepare_dirs(base, user)
+            if self._base_backup is None:
+                self._init_cluster(base, user)
+            else:
+                self._clone_cluster(self._base_backup, base, user)
             self._launch(first=True)
         except BaseException:
             self._finalizer()  # shutdown + rm -rf
@@ -754,7 +773,87 @@ class EmbeddedServer:
             raise EmbeddedServerError("reload(): the server is not running")
         inst.proc.send_signal(signal.SIGHUP)
 
-    def _init_cluster(self, base: Path, user: _OsUser | None) -> None:
+    def configure(
+        self, settings: Mapping[str, str | int | bool | float], timeout: float = 30.0
+    ) -> None:
+        """Change settings that a reload applies, and wait until new sessions see them (the
+        postmaster's `pg_conf_load_time()` moved)."""
+        self._settings.update(settings)
+        self._write_conf()
+        before = self.query("SELECT pg_conf_load_time()")[0][0]
+        self.reload()
+        deadline = time.monotonic() + timeout
+        while self.query("SELECT pg_conf_load_time()")[0][0] <= before:
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"configuration not reloaded after {timeout:.0f} s")
+            time.sleep(0.02)
+
+    def start_standby(
+        self,
+        *,
+        slot: str = "pgcdc_standby",
+        dbname: str = "postgres",
+        sync_slots: bool = True,
+        settings: Mapping[str, str | int | bool | float] | None = None,
+    ) -> EmbeddedServer:
+        """Start a physical standby of this running server, on its own port; the caller stops
+        it (or uses it as a context manager).
+
+        The standby is a `pg_basebackup` of this server and streams WAL through the physical
+        slot `slot` (created by the backup) with `hot_standby_feedback`. With `sync_slots`
+        (PostgreSQL 17+) it synchronizes this server's failover slots (`sync_replication_slots`;
+        `primary_conninfo` names `dbname`, which must exist), and this server sends a failover
+        slot's changes only once the standby has their WAL (`synchronized_standby_slots`), so
+        that a consumer never gets ahead of the standby's copy of the slot (so while this
+        server runs without the standby, failover slots' consumers wait). `settings` extend
+        or override this server's settings for the standby.
+        """
+        if not self.running:
+            raise EmbeddedServerError("start_standby(): the server is not running")
+        if sync_slots and self.version < 17:
+            raise EmbeddedServerError(
+                "slot synchronization needs PostgreSQL 17 or later, this server is "
+                f"{self.version_string}"
+            )
+        standby_settings = {
+            **{k: v for k, v in self._settings.items() if k != "synchronized_standby_slots"},
+            "primary_conninfo": self.dsn_for(dbname, application_name=slot),
+            "primary_slot_name": slot,
+            "hot_standby_feedback": True,
+        }
+        if sync_slots:
+            standby_settings["sync_replication_slots"] = True
+        standby = EmbeddedServer(
+            bindir=self.bindir,
+            settings={**standby_settings, **(settings or {})},
+            base_dir=self._tmp_parent,
+            start_timeout=self._start_timeout,
+        )
+        standby._base_backup = _BaseBackup(self.dsn_for(dbname), slot)
+        standby.start()
+        if sync_slots:
+            waited_for = str(self._settings.get("synchronized_standby_slots", ""))
+            try:
+                self.configure({"synchronized_standby_slots": f"{waited_for},{slot}".strip(",")})
+            except BaseException:
+                standby.stop()
+                raise
+        return standby
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """Promote this standby (`pg_promote`); returns once it accepts writes."""
+        import psycopg
+
+        try:
+            rows = self.query("SELECT pg_promote(true, %s)", (max(1, math.ceil(timeout)),))
+        except psycopg.Error as exc:
+            raise EmbeddedServerError(f"cannot promote {self!r}: {exc}") from None
+        if not rows[0][0]:
+            raise EmbeddedServerError(
+                f"{self!r} was not promoted within {timeout:.0f} s\n{self.log_tail(20)}"
+            )
+
+    def _prepare_dirs(self, base: Path, user: _OsUser | None) -> None:
         self._datadir = base / "data"
         self._log_path = base / "postgres.log"
         (base / _OWNER_FILE).write_text(f"{os.getpid()}\n")
@@ -770,20 +869,12 @@ class EmbeddedServer:
                 os.chown(p, user.uid, user.gid)
             self._check_writable(base, user)
 
-        args: list[str | Path] = [self._run_bindir / "initdb", "-D", self._datadir]
+    def _init_cluster(self, base: Path, user: _OsUser | None) -> None:
+        args: list[str | Path] = [self._run_bindir / "initdb", "-D", self.datadir]
         args += ["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"]
         if self.version >= 14:
             args.append("--no-instructions")
-        try:
-            res = _run_as(args, user, cwd=base, env=_child_env(base if user else None))
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise EmbeddedServerError(f"initdb ({self._run_bindir}) could not run: {exc}") from exc
-        if res.returncode != 0:
-            output = "\n".join((res.stdout + res.stderr).strip().splitlines()[-30:])
-            raise EmbeddedServerError(
-                f"initdb ({self._run_bindir}, PostgreSQL {self.version_string}) exited "
-                f"{res.returncode}:\n{output}"
-            )
+        self._run_tool(args, base, user)
         hba = "\n".join(
             [
                 "# written by pgcdc.embedded: trust everything, local and 127.0.0.1 only",
@@ -794,9 +885,35 @@ class EmbeddedServer:
                 "",
             ]
         )
-        (self._datadir / "pg_hba.conf").write_text(hba)  # keeps the file's owner
-        with open(self._datadir / "postgresql.conf", "a") as f:
+        (self.datadir / "pg_hba.conf").write_text(hba)  # keeps the file's owner
+        with open(self.datadir / "postgresql.conf", "a") as f:
             f.write("\n# pgcdc.embedded\ninclude 'pgcdc.conf'\n")
+
+    def _clone_cluster(self, source: _BaseBackup, base: Path, user: _OsUser | None) -> None:
+        """The primary's data dir by pg_basebackup (its pg_hba.conf and the include of
+        pgcdc.conf come along), WAL streamed through `source.slot`, which it creates."""
+        args: list[str | Path] = [self._run_bindir / "pg_basebackup", "-d", source.conninfo]
+        args += ["-D", self.datadir, "-X", "stream", "-C", "-S", source.slot]
+        args += ["--checkpoint=fast", "--no-sync"]
+        self._run_tool(args, base, user)
+        signal_file = self.datadir / "standby.signal"
+        signal_file.touch()
+        if user is not None:
+            os.chown(signal_file, user.uid, user.gid)
+
+    def _run_tool(self, args: list[str | Path], base: Path, user: _OsUser | None) -> None:
+        """Run initdb or pg_basebackup as the server's OS user; its output in the error."""
+        tool = Path(args[0]).name
+        try:
+            res = _run_as(args, user, cwd=base, env=_child_env(base if user else None))
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise EmbeddedServerError(f"{tool} ({self._run_bindir}) could not run: {exc}") from exc
+        if res.returncode != 0:
+            output = "\n".join((res.stdout + res.stderr).strip().splitlines()[-30:])
+            raise EmbeddedServerError(
+                f"{tool} ({self._run_bindir}, PostgreSQL {self.version_string}) exited "
+                f"{res.returncode}:\n{output}"
+            )
 
     def _inst_required(self) -> _Instance:
         return self._require(self._inst, "instance")
@@ -822,7 +939,8 @@ class EmbeddedServer:
             os.chown(path, self._os_user.uid, self._os_user.gid)
 
     def _launch(self, *, first: bool) -> None:
-        """Start the postmaster as our child and wait for `ready` in postmaster.pid."""
+        """Start the postmaster as our child and wait until postmaster.pid says it accepts
+        connections (`ready`, or `standby` for a hot standby)."""
         attempts = 5 if first else 1
         for attempt in range(attempts):
             if first:
@@ -873,7 +991,7 @@ class EmbeddedServer:
                 if (
                     len(lines) >= 8
                     and lines[0].strip() == str(proc.pid)
-                    and lines[7].strip() == "ready"
+                    and lines[7].strip() in ("ready", "standby")
                 ):
                     return None
             if time.monotonic() > deadline:

@@ -15,6 +15,7 @@ __all__ = [
     "InvalidConninfo",
     "InvalidMessage",
     "InvalidStartPosition",
+    "MonitoringError",
     "OutputFileError",
     "PermissionDenied",
     "PgcdcError",
@@ -236,6 +237,11 @@ class PluginOptionError(PluginError):
 
 class OutputFileError(PgcdcError):
     """A file pgcdc was asked to write (``-f``) cannot be created or written."""
+
+
+class MonitoringError(PgcdcError):
+    """An operations figure cannot be had: a batch log that cannot be read or written, a
+    plot or a metrics endpoint that cannot be made, a library for it that is not installed."""
 
 
 class SpillError(PgcdcError):

@@ -326,7 +326,8 @@ class Collector:
 
 
 class TailThread(threading.Thread):
-    """A ReplicationClient in a thread that collects everything and confirms every end LSN.
+    """A ReplicationClient in a thread that collects everything and confirms every end LSN
+    (it does not reconnect unless given `reconnect=True`).
 
     `finish(wake)` asks it to stop after the next transaction and runs `wake` (which must
     commit a published change), because an idle client only checks for `stop` when a message
@@ -343,12 +344,12 @@ class TailThread(threading.Thread):
         **client_options: Any,
     ) -> None:
         super().__init__(name=f"tail-{slot}", daemon=True)
+        client_options.setdefault("reconnect", False)
         self.client = ReplicationClient(
             dsn,
             slot,
             StreamOptions((publication,)),
             status_interval=status_interval,
-            reconnect=False,
             **client_options,
         )
         self.collector = Collector()

@@ -151,7 +151,8 @@ def test_failover_slots(pg: Database) -> None:
     slots.create_slot(pg.dsn, f"{name}_api", failover=True)
     slots.create_slot(pg.dsn, f"{name}_no")
     assert cli_slots(pg)[name]["failover"] is True
-    assert slots.get_slot(pg.dsn, f"{name}_api").failover is True
+    api = slots.get_slot(pg.dsn, f"{name}_api")
+    assert (api.failover, api.synced) == (True, False)
     assert slots.get_slot(pg.dsn, f"{name}_no").failover is False
 
 

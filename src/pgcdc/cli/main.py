@@ -29,6 +29,7 @@ from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.decoding import PluginRunner
 from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
+from pgcdc.monitoring.units import format_bytes
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -707,23 +708,12 @@ def slot_list(conninfo: str, fmt: str) -> None:
             str(info.active_pid or ""),
             str(info.restart_lsn or ""),
             str(info.confirmed_flush_lsn or ""),
-            _bytes(info.retained_bytes),
+            format_bytes(info.retained_bytes),
             info.wal_status or "",
-            _bytes(info.safe_wal_size),
+            format_bytes(info.safe_wal_size),
             info.invalidation_reason or ("yes" if info.invalidated else ""),
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
-
-
-def _bytes(value: int | None) -> str:
-    if value is None:
-        return ""
-    size = float(value)
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(size) < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
 
 
 def _jsonable(value: Any) -> Any:
@@ -732,6 +722,64 @@ def _jsonable(value: Any) -> Any:
         if value is None or (isinstance(value, bool | int | float) and not isinstance(value, Lsn))
         else str(value)
     )
+
+
+@cli.command()
+@_conninfo_option
+@click.option("-S", "--slot", "slot_name", required=True, help="replication slot name")
+@click.option(
+    "--standby",
+    metavar="CONNINFO",
+    default=None,
+    help="a physical standby: show the failover slot's copy there (PostgreSQL 17+)",
+)
+@click.option(
+    "--max-retained-wal",
+    metavar="SIZE",
+    default=None,
+    callback=lambda _ctx, _param, value: None if value is None else _size(value),
+    help="warn when the slot retains more WAL than this, e.g. 10GB",
+)
+@click.option(
+    "--batches",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="BATCHLOG",
+    help="the pipeline's batch log: its lag and throughput",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE.png",
+    help="with --batches: draw lag and throughput over time into FILE.png",
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object, for monitoring systems")
+@_user_errors
+def status(
+    conninfo: str,
+    slot_name: str,
+    standby: str | None,
+    max_retained_wal: int | None,
+    batches: Path | None,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """Show a slot's health: positions, lag, retained WAL, what endangers it, its failover
+    copy; with a batch log, the pipeline's lag and throughput (and a plot of them)."""
+    from pgcdc.cli.status import print_sections, status_sections
+
+    if plot is not None and batches is None:
+        raise click.UsageError("--plot needs --batches BATCHLOG")
+    sections = status_sections(
+        conninfo,
+        slot_name,
+        standby=standby,
+        max_retained_bytes=max_retained_wal,
+        batch_log=batches,
+        plot=plot,
+    )
+    print_sections(sections, as_json=as_json)
 
 
 @cli.group()

@@ -22,7 +22,17 @@ from pgcdc.replication.connection import (
     parse_conninfo,
 )
 
-__all__ = ["SlotInfo", "connect_sql", "create_slot", "drop_slot", "get_slot", "list_slots"]
+__all__ = [
+    "SlotInfo",
+    "connect_sql",
+    "create_slot",
+    "drop_slot",
+    "get_slot",
+    "in_recovery",
+    "list_slots",
+    "read_slots",
+    "wal_position_sql",
+]
 
 
 def connect_sql(conninfo: str, *, pinned_settings: bool = False) -> psycopg.Connection:
@@ -58,6 +68,8 @@ class SlotInfo:
     safe_wal_size: int | None
     two_phase: bool | None = None
     failover: bool | None = None
+    #: On a standby: a copy of a primary's failover slot, kept in sync by the standby (17+).
+    synced: bool | None = None
     conflicting: bool | None = None
     invalidation_reason: str | None = None
     inactive_since: datetime | None = None
@@ -71,6 +83,7 @@ class SlotInfo:
 _OPTIONAL_COLUMNS = [
     ("two_phase", 140000),
     ("failover", 170000),
+    ("synced", 170000),
     ("conflicting", 160000),
     ("invalidation_reason", 170000),
     ("inactive_since", 170000),
@@ -79,18 +92,22 @@ _OPTIONAL_COLUMNS = [
 
 def list_slots(conninfo: str, name: str | None = None) -> list[SlotInfo]:
     with connect_sql(conninfo) as conn:
-        version = conn.info.server_version
-        optional = [c for c, since in _OPTIONAL_COLUMNS if version >= since]
-        current = "pg_last_wal_receive_lsn()" if _in_recovery(conn) else "pg_current_wal_lsn()"
-        query = f"""
-            SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
-                   restart_lsn::text, confirmed_flush_lsn::text,
-                   pg_wal_lsn_diff({current}, restart_lsn)::bigint,
-                   wal_status, safe_wal_size {"".join(", " + c for c in optional)}
-            FROM pg_replication_slots
-            {"WHERE slot_name = %s" if name else ""}
-            ORDER BY slot_name"""
-        rows = conn.execute(query, (name,) if name else None).fetchall()
+        return read_slots(conn, name)
+
+
+def read_slots(conn: psycopg.Connection, name: str | None = None) -> list[SlotInfo]:
+    """The slots (or the one named) on the server of an open connection."""
+    version = conn.info.server_version
+    optional = [c for c, since in _OPTIONAL_COLUMNS if version >= since]
+    query = f"""
+        SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
+               restart_lsn::text, confirmed_flush_lsn::text,
+               pg_wal_lsn_diff({wal_position_sql(in_recovery(conn))}, restart_lsn)::bigint,
+               wal_status, safe_wal_size {"".join(", " + c for c in optional)}
+        FROM pg_replication_slots
+        {"WHERE slot_name = %s" if name else ""}
+        ORDER BY slot_name"""
+    rows = conn.execute(query, (name,) if name else None).fetchall()
     slots = []
     for row in rows:
         fixed = list(row[:12])
@@ -101,9 +118,16 @@ def list_slots(conninfo: str, name: str | None = None) -> list[SlotInfo]:
     return slots
 
 
-def _in_recovery(conn: psycopg.Connection) -> bool:
+def in_recovery(conn: psycopg.Connection) -> bool:
+    """Whether the server is a standby (in recovery)."""
     row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
     return bool(row and row[0])
+
+
+def wal_position_sql(recovery: bool) -> str:
+    """The SQL for the server's WAL position: written WAL on a primary, received on a standby
+    (in `recovery`)."""
+    return "pg_last_wal_receive_lsn()" if recovery else "pg_current_wal_lsn()"
 
 
 def create_slot(

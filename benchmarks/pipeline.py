@@ -93,10 +93,8 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import cProfile
 import itertools
 import os
-import pstats
 import re
 import shutil
 import signal
@@ -219,16 +217,6 @@ class Batch:
     since_start: float  # time.perf_counter() - the run's start
 
 
-def durations(query: Any) -> list[tuple[int, int, str, dict[str, int]]]:
-    """(batchId, numInputRows, timestamp, durationMs) of each progress Spark remembers."""
-    out = []
-    for p in query.recentProgress or []:
-        get = p.get if isinstance(p, dict) else lambda k, p=p: getattr(p, k, None)
-        row = (get("batchId"), get("numInputRows") or 0, get("timestamp") or "")
-        out.append((*row, dict(get("durationMs") or {})))
-    return out
-
-
 def verify(db: Database, config: PipelineConfig, table: str) -> bool:
     """Compare the mirror with the source table, row by row."""
     t0 = time.perf_counter()
@@ -270,23 +258,11 @@ def run_recvlogical(server: EmbeddedServer, db: Database, slot: str, endpos: Lsn
     return Result("pg_recvlogical", run.wall, client, run.server_user + run.server_sys)
 
 
-def profiled(profiler: cProfile.Profile) -> type[Pipeline]:
-    """A Pipeline whose foreachBatch function (``df.toArrow()`` and `apply_batch`, in
-    py4j's callback thread of this process) runs under `profiler`."""
-
-    class ProfiledPipeline(Pipeline):
-        def _foreach_batch(self, df: Any, batch_id: int) -> None:
-            profiler.runcall(super()._foreach_batch, df, batch_id)
-
-    return ProfiledPipeline
-
-
 @dataclass
 class PipelineRun:
     result: Result
     batches: list[Batch]
-    query: Any
-    started: float  # time.time() when run() was called
+    session_cpu: float  # the replication session thread's CPU seconds (driver)
     caught_up: float  # seconds from run() to the last batch's Delta commit
 
 
@@ -295,7 +271,6 @@ def run_pipeline(
     db: Database,
     spark: Any,
     config: PipelineConfig,
-    profiler: cProfile.Profile | None = None,
 ) -> PipelineRun:
     """Catch up with available-now."""
     batches: list[Batch] = []
@@ -304,22 +279,21 @@ def run_pipeline(
     def on_batch(report: BatchReport) -> None:
         batches.append(Batch(report, time.time(), time.perf_counter() - t0))
 
-    cls = Pipeline if profiler is None else profiled(profiler)
-    pipeline = cls(config, spark, on_batch=on_batch)
+    pipeline = Pipeline(config, spark, on_batch=on_batch)
     pm = server.pid
     assert pm is not None
     s_user0, s_sys0 = stream.reaped_children_cpu(pm)
     cpu0 = tree_cpu(os.getpid(), (pm,))
-    started = time.time()
     t0 = time.perf_counter()
     pipeline.run()
     wall = time.perf_counter() - t0
+    session_cpu = pipeline.spooler.cpu_seconds if pipeline.spooler is not None else 0.0
     cpu1 = tree_cpu(os.getpid(), (pm,))
     s_user1, s_sys1 = stream.wait_walsender_gone(db, config.slot, pm)
     last = batches[-1].since_start if batches else wall
     server_cpu = s_user1 - s_user0 + s_sys1 - s_sys0
     result = Result("pipeline", wall, cpu1 - cpu0, server_cpu)
-    return PipelineRun(result, batches, pipeline.query, started, last)
+    return PipelineRun(result, batches, session_cpu, last)
 
 
 def throughput(
@@ -378,8 +352,7 @@ def throughput(
         end=" ",
         flush=True,
     )
-    profiler = cProfile.Profile() if args.profile else None
-    run = run_pipeline(server, db, spark, config, profiler)
+    run = run_pipeline(server, db, spark, config)
     result, batches, caught_up = run.result, run.batches, run.caught_up
     print(f"{result.wall:.2f} s", flush=True)
     applied = sum(b.report.changes for b in batches)
@@ -423,58 +396,35 @@ def throughput(
     breakdown(run)
     print(f"  load average at the end: {load()} on {os.cpu_count()} CPUs")
     verify(db, config, "bench")
-    if profiler is not None:
-        print("\ncProfile of the foreachBatch function (toArrow + apply_batch), by tottime:")
-        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+
+
+PHASES = ("plan", "job", "read", "fold", "write")
 
 
 def breakdown(run: PipelineRun) -> None:
-    """Per micro-batch: Spark's durations and pgcdc's apply time."""
-    apply = {b.report.batch_id: b.report.seconds for b in run.batches}
-    progress = durations(run.query)
+    """Where the time went: the driver's session thread and planning, the Spark jobs, and
+    inside the tasks reading the spool into the envelope, folding and typing, Delta commits."""
+    batches = [b.report for b in run.batches]
+    sums = {p: sum(b.phases.get(p, 0.0) for b in batches) for p in PHASES}
     print(
-        "\n  where the time went, per micro-batch (seconds; addBatch = toArrow + apply):"
-        "\n    batch     changes  latestOffset  getBatch  addBatch (toArrow   apply)"
-        "  other  trigger"
+        "\n  where the time went (seconds; read, fold, write: CPU-bound work in the tasks, "
+        "summed over tables)"
+        "\n    batch     changes    plan     job    read    fold   write  batch"
     )
-    sums = {"planning": 0.0, "addBatch": 0.0, "apply": 0.0, "trigger": 0.0, "other": 0.0}
-    shown = {p[0] for p in progress[:5] + progress[-5:]}
-    for batch_id, rows, _, ms in progress:
-        s = {k: v / 1000 for k, v in ms.items()}
-        latest, get, add = s.get("latestOffset", 0.0), s.get("getBatch", 0.0), s.get("addBatch", 0)
-        trigger = s.get("triggerExecution", 0.0)
-        other = trigger - latest - get - add
-        a = apply.get(batch_id, 0.0)
-        if batch_id in shown:
-            print(
-                f"    {batch_id:>5} {rows:>11,} {latest:12.2f} {get:9.2f} {add:9.2f} "
-                f"({add - a:7.2f} {a:7.2f}) {other:6.2f} {trigger:8.2f}"
-            )
-        elif batch_id == progress[5][0]:
-            print(f"    ... ({len(progress) - 10} more)")
-        sums["planning"] += latest + get
-        sums["addBatch"] += add
-        sums["apply"] += a
-        sums["trigger"] += trigger
-        sums["other"] += other
-    if not progress:
-        print("    (Spark kept no progress)")
-        return
-    wall = run.result.wall
-    total = (
-        f"    total: {sums['trigger']:.2f} s in triggers of {wall:.2f} s: planning "
-        f"(latestOffset+getBatch, incl. waiting for the spool) {sums['planning']:.2f}, "
-        f"toArrow {sums['addBatch'] - sums['apply']:.2f}, pgcdc apply {sums['apply']:.2f}, "
-        f"Spark's other work {sums['other']:.2f}"
-    )
-    if len(progress) < len(run.batches):
-        print(f"{total}\n    (Spark kept the progress of the last {len(progress)} batches only)")
-        return
-    first = datetime.fromisoformat(progress[0][2].replace("Z", "+00:00")).timestamp()
-    before = first - run.started
+    shown = {b.batch_id for b in batches[:5] + batches[-5:]}
+    for b in batches:
+        if b.batch_id in shown:
+            cells = " ".join(f"{b.phases.get(p, 0.0):7.2f}" for p in PHASES)
+            print(f"    {b.batch_id:>5} {b.changes:>11,} {cells} {b.seconds:6.2f}")
+        elif b.batch_id == batches[5].batch_id:
+            print(f"    ... ({len(batches) - 10} more)")
+    in_batches = sum(b.seconds for b in batches)
     print(
-        f"{total}; before the first trigger (query start) {before:.2f}, after the last "
-        f"(query stop, slot advance) {wall - before - sums['trigger']:.2f}"
+        f"    total: {in_batches:.2f} s in {len(batches)} batches of {run.result.wall:.2f} s: "
+        f"driver planning {sums['plan']:.2f}, Spark jobs {sums['job']:.2f} (in the tasks: "
+        f"read {sums['read']:.2f}, fold {sums['fold']:.2f}, write {sums['write']:.2f}); the "
+        f"replication session thread used {run.session_cpu:.2f} CPU s meanwhile (receive, "
+        "decode headers, assemble, spool)"
     )
 
 
@@ -690,7 +640,6 @@ def freshness(
         time.sleep(0.05)
     pipeline.stop()
     runner.join(60)
-    progress = durations(pipeline.query) if pipeline.query is not None else []
     recv.stop()
     if failure:
         print(f"  !! the pipeline failed: {failure[0]}")
@@ -764,18 +713,12 @@ def freshness(
             f"ten {sum(applies[:10]) / len(applies[:10]):.3f} s, last ten "
             f"{sum(applies[-10:]) / len(applies[-10:]):.3f} s"
         )
-    ids = {b.report.batch_id for b in live}
-    busy = [ms for batch_id, rows, _, ms in progress if rows and batch_id in ids]
-    if busy:
-
-        def mean(key: str) -> float:
-            return sum(ms.get(key, 0) for ms in busy) / len(busy) / 1000
-
+    if live:
+        phases = {p: sum(b.report.phases.get(p, 0.0) for b in live) / len(live) for p in PHASES}
         print(
-            f"  Spark's durations, mean of {len(busy)} of those batches: trigger "
-            f"{mean('triggerExecution'):.3f} s = latestOffset {mean('latestOffset'):.3f} + "
-            f"addBatch {mean('addBatch'):.3f} (toArrow + apply) + other "
-            f"{mean('triggerExecution') - mean('latestOffset') - mean('addBatch'):.3f}"
+            "  per batch, mean: "
+            + ", ".join(f"{p} {phases[p]:.3f} s" for p in PHASES)
+            + " (plan: the driver; job: the Spark job; read/fold/write: in its tasks)"
         )
     print(
         f"  the pipeline's processes used {cpu:.1f} CPU s in {cpu_span:.0f} s "
@@ -827,11 +770,6 @@ def main(argv: list[str] | None = None) -> None:
         "--cold",
         action="store_true",
         help="no warm-up run before the measured one: it then includes Spark's first query",
-    )
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="cProfile the foreachBatch function (toArrow + apply) in the throughput run",
     )
     args = parser.parse_args(argv)
 

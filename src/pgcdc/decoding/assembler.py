@@ -58,12 +58,14 @@ from pgcdc.protocol import (
     UndecodedChange,
     Update,
 )
+from pgcdc.protocol.messages import fast_constructor
 from pgcdc.replication.acknowledgement import Acknowledgement
 
 __all__ = ["Fate", "TransactionAssembler"]
 
 log = logging.getLogger("pgcdc.decoding")
 
+_make_change = fast_constructor(Change)
 _ACTIONS = {
     ord("I"): ChangeAction.INSERT,
     ord("U"): ChangeAction.UPDATE,
@@ -378,11 +380,10 @@ class TransactionAssembler:
     def _change(self, message: Insert | Update | Delete | UndecodedChange, lsn: Lsn | None) -> None:
         relation = self._relation_of(message.relid)
         if type(message) is UndecodedChange:
+            raw = message.message
             action = _ACTIONS[message.code]
-            change = Change(
-                action, relation, None, lsn=lsn, subxid=message.xid, raw=message.message
-            )
-            self._entry(_CHANGE, change, message.xid, 100 + len(message.message))
+            change = _make_change(action, relation, None, None, None, lsn, message.xid, raw)
+            self._entry(_CHANGE, change, message.xid, 100 + len(raw))
             return
         if type(message) is Insert:
             change = Change(ChangeAction.INSERT, relation, message.new, lsn=lsn, subxid=message.xid)

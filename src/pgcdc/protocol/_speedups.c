@@ -31,7 +31,8 @@ typedef struct {
     int nfields;
 } Shape;
 
-static Shape tuple_shape, insert_shape, update_shape, delete_shape, xlog_shape, relation_shape;
+static Shape tuple_shape, insert_shape, update_shape, delete_shape, xlog_shape, relation_shape,
+    undecoded_shape;
 static PyTypeObject *lsn_type;
 static PyObject *str_K, *str_O;
 static int configured;
@@ -275,6 +276,67 @@ done:
     Py_XDECREF(old);
     Py_XDECREF(new);
     return result;
+}
+
+/* peek_change(payload, in_stream, relations) -> UndecodedChange | None
+ *
+ * An Insert, Update or Delete of a known relation, its tuples left undecoded: the message's
+ * bytes without a stream block's xid prefix. None for anything else (the Python path then
+ * decides or explains). */
+static PyObject *
+peek_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "peek_change(payload: bytes, in_stream, relations: dict)");
+        return NULL;
+    }
+    if (!configured || undecoded_shape.type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "pgcdc.protocol._speedups is not configured");
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    if (len == 0 || (buf[0] != 'I' && buf[0] != 'U' && buf[0] != 'D'))
+        Py_RETURN_NONE;
+    int in_stream = PyObject_IsTrue(args[1]);
+    if (in_stream < 0)
+        return NULL;
+    Py_ssize_t start = in_stream ? 5 : 1;
+    if (len < start + 5)
+        Py_RETURN_NONE;
+    PyObject *relid = PyLong_FromUnsignedLong(u32(buf + start));
+    if (relid == NULL)
+        return NULL;
+    int known = PyDict_Contains(args[2], relid);
+    if (known <= 0) {
+        Py_DECREF(relid);
+        if (known < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *fields[4];
+    fields[0] = PyLong_FromLong(buf[0]);
+    fields[1] = relid;
+    if (in_stream) {
+        PyObject *message = PyBytes_FromStringAndSize(NULL, len - 4);
+        if (message != NULL) {
+            char *out = PyBytes_AS_STRING(message);
+            out[0] = (char)buf[0];
+            memcpy(out + 1, buf + 5, len - 5);
+        }
+        fields[2] = message;
+        fields[3] = PyLong_FromUnsignedLong(u32(buf + 1));
+    }
+    else {
+        fields[2] = Py_NewRef(args[0]);
+        fields[3] = Py_NewRef(Py_None);
+    }
+    if (!fields[0] || !fields[2] || !fields[3]) {
+        for (int i = 0; i < 4; i++)
+            Py_XDECREF(fields[i]);
+        return NULL;
+    }
+    return shape_new(&undecoded_shape, fields);
 }
 
 /* parse_xlogdata(data) -> XLogData for a well-formed 'w' frame, else None */
@@ -666,7 +728,7 @@ static PyTypeObject RowColumnsType = {
     .tp_getset = rowcolumns_getset,
 };
 
-/* configure(TupleData, Insert, Update, Delete, Relation, XLogData, Lsn) */
+/* configure(TupleData, Insert, Update, Delete, Relation, XLogData, Lsn, UndecodedChange) */
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -676,8 +738,9 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     static const char *const delete_fields[] = {"relid", "old_kind", "old", "xid"};
     static const char *const relation_fields[] = {"columns"};
     static const char *const xlog_fields[] = {"data_start", "wal_end", "send_time", "payload"};
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes 7 arguments");
+    static const char *const undecoded_fields[] = {"code", "relid", "message", "xid"};
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes 8 arguments");
         return NULL;
     }
     if (shape_init(&tuple_shape, args[0], tuple_fields, 2) < 0
@@ -685,7 +748,8 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         || shape_init(&update_shape, args[2], update_fields, 5) < 0
         || shape_init(&delete_shape, args[3], delete_fields, 4) < 0
         || shape_init(&relation_shape, args[4], relation_fields, 1) < 0
-        || shape_init(&xlog_shape, args[5], xlog_fields, 4) < 0)
+        || shape_init(&xlog_shape, args[5], xlog_fields, 4) < 0
+        || shape_init(&undecoded_shape, args[7], undecoded_fields, 4) < 0)
         return NULL;
     if (!PyType_Check(args[6]) || !PyType_IsSubtype((PyTypeObject *)args[6], &PyLong_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure(): Lsn must be an int subclass");
@@ -700,6 +764,7 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, NULL},
     {"decode_change", (PyCFunction)(void (*)(void))decode_change, METH_FASTCALL, NULL},
     {"parse_xlogdata", parse_xlogdata, METH_O, NULL},
+    {"peek_change", (PyCFunction)(void (*)(void))peek_change, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -218,6 +218,8 @@ class Decoder:
         # The C fast path for Insert/Update/Delete; it answers None for anything it does not
         # handle, and the Python path below then decodes it or raises the precise error.
         self._decode_change = SPEEDUPS.decode_change if speedups and SPEEDUPS else None
+        if undecoded_rows:  # the C path peeks at the relation only; the rest stays bytes
+            self._decode_change = SPEEDUPS.peek_change if speedups and SPEEDUPS else None
         self.undecoded_rows = undecoded_rows
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
@@ -266,12 +268,12 @@ class Decoder:
         """
         if not payload:
             return None
-        if self.undecoded_rows and payload[0] in _ROW_CODES:
-            return self._undecoded(payload, lsn)
         if self._decode_change is not None:
             message = self._decode_change(payload, self.stream_xid is not None, self.relations)
             if message is not None:
                 return message
+        if self.undecoded_rows and payload[0] in _ROW_CODES:
+            return self._undecoded(payload, lsn)
         handler = self._dispatch.get(payload[0])
         if handler is None:
             raise self._unknown(payload, lsn)

@@ -14,7 +14,7 @@ from types import ModuleType
 from pgcdc.protocol import frames
 from pgcdc.protocol.frames import Frame, XLogData
 from pgcdc.protocol.lsn import Lsn
-from pgcdc.protocol.messages import Delete, Insert, Relation, TupleData, Update
+from pgcdc.protocol.messages import Delete, Insert, Relation, TupleData, UndecodedChange, Update
 
 __all__ = ["SPEEDUPS", "parse_frame"]
 
@@ -26,7 +26,7 @@ def _load() -> ModuleType | None:
         from pgcdc.protocol import _speedups  # type: ignore[attr-defined]
     except ImportError:
         return None
-    _speedups.configure(TupleData, Insert, Update, Delete, Relation, XLogData, Lsn)
+    _speedups.configure(TupleData, Insert, Update, Delete, Relation, XLogData, Lsn, UndecodedChange)
     return _speedups
 
 

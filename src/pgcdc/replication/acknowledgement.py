@@ -206,6 +206,10 @@ class Acknowledgement:
         """Advance the phase (refusing a message its phase does not allow) and positions;
         the message's `end_lsn_of`."""
         kind = type(message)
+        if kind is UndecodedChange and self.phase is not Phase.BETWEEN:  # the hot path
+            if data_start > self.received:
+                self.received = data_start
+            return None
         after = _TRANSITIONS.get((self.phase, kind))
         if after is None:
             raise UnexpectedMessage(

@@ -38,6 +38,7 @@ from pgcdc.spark.batch import (
     apply_error_line,
     apply_tables,
     group_work,
+    warm_up,
 )
 from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
 from pgcdc.spark.config import PipelineConfig, TableTarget
@@ -79,6 +80,9 @@ class BatchReport:
     seconds: float
     #: Per table: the seconds its task spent.
     table_seconds: dict[str, float] = field(default_factory=dict)
+    #: Seconds per phase: "plan" (the driver), "job" (the Spark job, wall), and summed over
+    #: the tasks: "read" (spool to envelope), "fold" (folding, typing), "write" (Delta).
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -226,7 +230,13 @@ class Pipeline:
         started = time.monotonic()
         spool = self.spooler.spool
         info = spool.batch(start, end)
-        outcomes = self._run_tasks(self.plan_work(spool.ranges(start, end)))
+        works = self.plan_work(spool.ranges(start, end))
+        planned = time.monotonic()
+        outcomes = self._run_tasks(works)
+        phases = {"plan": planned - started, "job": time.monotonic() - planned}
+        for outcome in outcomes:
+            for phase, seconds in outcome.phases.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
         applied: dict[str, int] = {}
         skipped = 0
         for outcome in outcomes:
@@ -261,6 +271,7 @@ class Pipeline:
             info.last_commit_time,
             time.monotonic() - started,
             {o.table: o.seconds for o in outcomes},
+            phases,
         )
         self.stats.add(report)
         if self.on_batch is not None:
@@ -425,6 +436,10 @@ class Pipeline:
             self._online.start()
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
+        # The Python workers import what the tasks need while the session spools.
+        context = self.spark.sparkContext
+        cores = max(1, int(context.defaultParallelism))
+        context.parallelize(range(cores), cores).map(warm_up).collect()
         try:
             self._stream(spooler, start, tick)
             if self._online is not None and self._online.ident is not None:

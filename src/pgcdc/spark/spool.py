@@ -72,6 +72,7 @@ _BATCH_ROWS = 100_000
 _BATCH_VALUE_BYTES = 1 << 30
 
 _VERSION = struct.Struct(">H")
+_FRAME_HEAD = CHANGE_FRAME.pack
 _COMMIT = struct.Struct(">BQQIqH")  # flags, commit_lsn, end_lsn, xid, commit_ts, origin length
 _HAS_XID, _HAS_TS = 1, 2
 
@@ -244,8 +245,19 @@ class Spool:
     def change(self, relation: Relation, lsn: int | None, message: bytes) -> None:
         """An Insert, Update or Delete as the server sent it (`UndecodedChange.message`)."""
         self._ordinal += 1
-        frame = change_frame(self._ordinal, lsn or 0, message)
-        self._frame(relation.relid, self._version(relation), frame)
+        relid = relation.relid
+        unit = self._open.get(relid)
+        known = self._version_of.get(relid)
+        if unit is None or known is None or known[0] is not relation:  # first, or DDL
+            frame = change_frame(self._ordinal, lsn or 0, message)
+            self._frame(relid, self._version(relation), frame)
+            return
+        chunk = unit.chunk  # the hot path: the unit is open, the relation the same
+        chunk += _FRAME_HEAD(self._ordinal, lsn or 0, len(message))
+        chunk += message
+        unit.changes += 1
+        if len(chunk) >= _CHUNK_BYTES:
+            self._flush(relid, unit)
 
     def truncate(self, relations: Iterable[Relation], message: Truncate, lsn: int | None) -> None:
         """A TRUNCATE: a frame in the file of each table it emptied."""

@@ -105,6 +105,9 @@ class Spooler:
         )
         self.runner.plugin.spool = spool  # type: ignore[attr-defined]
         self.error: BaseException | None = None
+        #: The session thread's CPU seconds, once it ended (receiving, decoding the message
+        #: headers, assembling transactions, writing the spool).
+        self.cpu_seconds = 0.0
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"pgcdc-spooler-{slot}", daemon=True)
 
@@ -118,10 +121,11 @@ class Spooler:
     def _run(self) -> None:
         try:
             self.runner.run()
-        except BaseException as exc:  # reported to Spark's thread by `check`
+        except BaseException as exc:  # reported to the pipeline's thread by `check`
             self.error = exc
             log.debug("replication session ended", exc_info=True)
         finally:
+            self.cpu_seconds = time.thread_time()
             with self.spool.changed:
                 self.spool.changed.notify_all()
 

@@ -47,6 +47,7 @@ Types Delta cannot store (``time`` as TimeType, ``interval`` as DayTimeIntervalT
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -113,7 +114,8 @@ class ApplyResult:
     `upserts`: rows upserted (mirror), versions opened (history) or rows appended (changelog);
     `deletes`: keys deleted (mirror) or delete changes applied (history). `watermark`: the
     highest commit LSN applied, after this call. `version`: the Delta version of the last
-    commit made, None when nothing was written."""
+    commit made, None when nothing was written. `fold_seconds`: reading the watermark,
+    folding and typing; `write_seconds`: the Delta commits."""
 
     applied: int
     skipped: int
@@ -121,6 +123,8 @@ class ApplyResult:
     deletes: int
     watermark: int | None
     version: int | None
+    fold_seconds: float = 0.0
+    write_seconds: float = 0.0
 
 
 def _q(name: str) -> str:
@@ -242,6 +246,7 @@ class DeltaTarget:
         self._builders: dict[Shape, ArrowBatchBuilder] = {}
         #: Per batch: the added columns' fills and the shape that has each.
         self._batch_fills: dict[str, tuple[ColumnFill, Shape]] = {}
+        self._writing_since: float | None = None
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self.path!r}, {self.mode!r}, app_id={self.app_id!r})"
@@ -313,8 +318,10 @@ class DeltaTarget:
         watermark in the same (last) commit. A batch that raises writes nothing."""
         # Builders live for one batch: the registry may learn types between batches, and a
         # failed batch must leave no rows in them.
+        started = time.perf_counter()
         self._builders.clear()
         self._batch_fills.clear()
+        self._writing_since: float | None = None
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
         total = rows.num_rows
@@ -345,11 +352,23 @@ class DeltaTarget:
             if not changes:  # only logical messages: nothing to write
                 return ApplyResult(0, skipped, 0, 0, watermark, None)
             upserts, deletes, version = self._apply_changes(table, changes, high, last)
-        return ApplyResult(rows.num_rows, skipped, upserts, deletes, high, version)
+        done = time.perf_counter()
+        writing = self._writing_since or done
+        return ApplyResult(
+            rows.num_rows,
+            skipped,
+            upserts,
+            deletes,
+            high,
+            version,
+            writing - started,
+            done - writing,
+        )
 
     def _append(
         self, table: DeltaTable | None, rows: pa.Table, commit: CommitProperties
     ) -> tuple[int, int, int]:
+        self._writing_since = time.perf_counter()
         if rows.column_names == ENVELOPE_ARROW_SCHEMA.names:
             rows = _conform(rows, ENVELOPE_ARROW_SCHEMA)
         if table is None:
@@ -374,6 +393,7 @@ class DeltaTarget:
         # happens before the first write.
         plans = [self._fold(run) for run in runs]
         typed = [self._type_plan(plan, schema) for plan in plans]
+        self._writing_since = time.perf_counter()
         if table is None:
             table = self._create(schema, source)
         elif evolution.widened or before:
@@ -450,10 +470,10 @@ class DeltaTarget:
         commit = self._commit(high, shape)
         columns = TextColumns(self._builder(shape).relation, self.registry, self.options, source)
         names = [c.name for c in shape.columns]
-        upserts = columns.batch([bulk.upserts[n].combine_chunks() for n in names], bulk.upsert_rows)
+        upserts = columns.batch([bulk.upserts[n] for n in names], bulk.upsert_rows)
         deletes = pa.table(
             {
-                n: columns.column(i, bulk.deletes[n].combine_chunks())[0]
+                n: columns.column(i, bulk.deletes[n])[0]
                 for i, n in enumerate(names)
                 if n in bulk.deletes
             }
@@ -468,6 +488,7 @@ class DeltaTarget:
                 ),
             ]
         )
+        self._writing_since = time.perf_counter()
         if table is None:
             table = self._create(schema, source)
         elif evolution.widened or before:

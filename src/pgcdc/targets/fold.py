@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -82,6 +83,32 @@ def _as_map(value: Any) -> Text | None:
     if value is None or isinstance(value, dict):
         return value
     return dict(value)
+
+
+def single_shape(rows: pa.Table) -> bool:
+    """Whether every row describes the same relation (the usual batch): its relation fields
+    and every column of its ``columns`` equal the first row's, compared column-wise."""
+    if rows.num_rows == 0:
+        return False
+    for name in _SHAPE_FIELDS:
+        column = rows.column(name)
+        if column.null_count or not pc.all(pc.equal(column, column[0])).as_py():
+            return False
+    columns = rows.column("columns").combine_chunks()
+    if columns.null_count:
+        return False
+    lengths = pc.list_value_length(columns)
+    count = lengths[0].as_py()
+    if not pc.all(pc.equal(lengths, count)).as_py():
+        return False
+    flat = pc.list_flatten(columns)
+    first = flat.slice(0, count)
+    every = pa.array(np.tile(np.arange(count), len(columns)))
+    for name in ("name", "type_oid", "type_modifier", "key"):
+        field = pc.struct_field(flat, name)
+        if not pc.all(pc.equal(field, pc.struct_field(first, name).take(every))).as_py():
+            return False
+    return True
 
 
 def _fingerprints(rows: pa.Table) -> list[str]:

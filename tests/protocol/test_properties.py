@@ -630,3 +630,22 @@ def test_scripts_cover_every_message_shape(proto: int, streaming: str) -> None:
     assert sorted(set(wanted) - seen) == []
     if streaming != "off":
         assert abort_forms == {streaming == "parallel"}
+
+
+@pytest.mark.parametrize(("proto", "streaming"), SESSIONS, ids=SESSION_IDS)
+@FUZZ
+@given(data=st.data())
+def test_c_peek_agrees_with_python(proto: int, streaming: str, data: st.DataObject) -> None:
+    """With undecoded rows, the C path's peek at a row change is the Python path's, or None
+    (the Python path then decides)."""
+    if decoder_module.SPEEDUPS is None:
+        pytest.skip("compares the C fast path with Python")
+    peek = decoder_module.SPEEDUPS.peek_change
+    script = data.draw(scripts(proto, streaming).filter(bool), label="script")
+    index = data.draw(st.integers(0, len(script) - 1), label="index")
+    decoder = Decoder(proto, streaming, speedups=False, undecoded_rows=True)
+    replay(decoder, script[:index])
+    raw = data.draw(st.one_of(st.just(wire(script[index])), mutations(wire(script[index]))))
+    fast = peek(raw, decoder.in_stream, decoder.relations)
+    if fast is not None:
+        assert fast == decoder.decode(raw)

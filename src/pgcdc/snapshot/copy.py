@@ -173,6 +173,7 @@ def _parse(piece: bytearray, names: list[str]) -> list[pa.Array]:
         ignore_empty_lines=False,  # a row of one NULL column is an empty line
     )
     buffer = pa.py_buffer(piece)
+    block_size = max(block_size, len(piece) + 1)  # one block: columns of one chunk, no copy
     while True:
         read = pcsv.ReadOptions(column_names=names, block_size=block_size)
         try:

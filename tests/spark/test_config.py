@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pgcdc.spark.config import ConfigError, load_config, parse_config, parse_size
+from pgcdc.spark.config import ConfigError, load_config, parse_config, parse_interval, parse_size
 
 BASE: dict[str, Any] = {
     "source": {"conninfo": "dbname=x", "publication": "p", "slot": "s"},
@@ -73,6 +73,12 @@ def test_sizes(value: Any, expected: int) -> None:
             "source.max_retained_wal must be a size",
         ),
         ({"source": {**BASE["source"], "max_retained_wal": -1}}, "source.max_retained_wal must"),
+        ({"trigger": {"interval": "soon"}}, "trigger.interval must be a time"),
+        ({"trigger": {"interval": -1}}, "trigger.interval must be a time"),
+        ({"target": {"path": "s3://b/lake"}}, "target.path s3://b/lake is an object store: give"),
+        ({"target": {"path": "l", "state": 3}}, "target.state must be a directory"),
+        ({"target": {"path": "l", "storage_options": "x"}}, "[storage_options] must be a table"),
+        ({"source": {**BASE["source"], "spool_dir": ""}}, "source.spool_dir must be a directory"),
     ],
 )
 def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None:
@@ -93,3 +99,43 @@ def test_a_file_that_is_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b'name = "caf\xe9"\n')
     with pytest.raises(ConfigError, match=r"p\.toml: not UTF-8 text \(byte 11\)"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (0.25, 0.25),
+        (2, 2.0),
+        ("0.5 seconds", 0.5),
+        ("200 ms", 0.2),
+        ("1 minute", 60.0),
+        ("1s", 1.0),
+    ],
+)
+def test_intervals(value: Any, seconds: float) -> None:
+    assert parse_interval(value, "x") == seconds
+
+
+def test_targets_on_an_object_store(tmp_path: Path) -> None:
+    """Target paths join URIs as URIs; the storage options go with every target; the state
+    and the spool are local directories, relative to the configuration's."""
+    parsed = parse_config(
+        {
+            **BASE,
+            "source": {**BASE["source"], "spool_dir": "spool"},
+            "target": {
+                "path": "s3://bucket/lake/",
+                "state": "state",
+                "storage_options": {"AWS_REGION": "eu-west-1"},
+            },
+        },
+        tmp_path,
+    )
+    (target,) = parsed.targets()
+    assert target.path == "s3://bucket/lake/public.t"
+    assert target.spec.storage_options == {"AWS_REGION": "eu-west-1"}
+    assert parsed.state_path == str(tmp_path / "state")
+    assert parsed.spool_dir == str(tmp_path / "spool")
+    local = parse_config({**BASE, "target": {"path": "file:///data/lake"}})
+    assert local.targets()[0].path == "file:///data/lake/public.t"
+    assert local.state_path == "/data/lake/_pgcdc/pipeline"

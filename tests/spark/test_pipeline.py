@@ -173,3 +173,27 @@ def test_schema_changes(spark: Any, pg: Database, tmp_path: Path) -> None:
         run_pipeline(spark, config)
     assert confirmed_flush(pg, slot) == before
     assert current_wal_lsn(pg) > before
+
+
+def test_targets_given_by_uri(spark: Any, pg: Database, tmp_path: Path) -> None:
+    """Targets named by a URI (an object store's path, here ``file://``) with storage options,
+    the state in a directory of its own: the copy and the stream go through the URI."""
+    if pg.version < 18:
+        pytest.skip("the storage path is the same on every server")
+    pg.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO u SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    publication, slot = unique("pub"), unique("uri")
+    pg.execute(f"CREATE PUBLICATION {publication} FOR TABLE u")
+    config = pipeline_config(pg, slot, publication, tmp_path, {"public.u": ["mirror", "history"]})
+    config["source"]["create_slot"] = True
+    config["target"] = {
+        "path": f"file://{tmp_path}/lake",
+        "state": str(tmp_path / "state"),
+        "storage_options": {"timeout": "30s"},
+    }
+    run_pipeline(spark, config)
+    pg.execute("UPDATE u SET v = 'changed' WHERE id % 7 = 0; DELETE FROM u WHERE id > 490")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    assert (tmp_path / "lake" / "public.u" / "_delta_log").is_dir()
+    assert (tmp_path / "state" / "tables.json").exists()

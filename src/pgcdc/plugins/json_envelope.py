@@ -44,6 +44,7 @@ from pgcdc.decoding import (
     Transaction,
     Truncation,
 )
+from pgcdc.envelope.images import KIND_BINARY, key_pairs, row_pairs
 from pgcdc.errors import PluginOptionError
 from pgcdc.protocol import Lsn, Relation, TupleData
 
@@ -161,39 +162,23 @@ def _number(
     return line
 
 
+def _value(kind: int, value: bytes) -> str:
+    """A sent value: the server's text, or ``\\x`` hex of a binary one."""
+    return "\\x" + value.hex() if kind == KIND_BINARY else value.decode()
+
+
 def _key(relation: Relation, change: Change) -> dict[str, str | None] | None:
-    """The replica identity of the row before the change."""
-    row = change.old if change.old is not None else change.new
-    if row is None:
-        return None
-    key = {}
-    for index, column in enumerate(relation.columns):
-        if column.is_key:
-            key[column.name] = _value(row, index)
-    return key or None
+    """The replica identity of the row before the change (`pgcdc.envelope.images`)."""
+    pairs = key_pairs(relation, change.new, change.old, value=_value)
+    return dict(pairs) if pairs else None
 
 
 def _row(
     relation: Relation, row: TupleData | None, key_only: bool = False
 ) -> dict[str, str | None] | None:
-    """Column name to value; an old key (`key_only`) has only the key columns, the others
-    are NULL fillers on the wire. Unchanged TOAST columns are left out (not sent)."""
-    if row is None:
-        return None
-    return {
-        column.name: _value(row, index)
-        for index, column in enumerate(relation.columns)
-        if row.kinds[index] != 0x75 and (column.is_key or not key_only)  # 0x75: 'u'
-    }
-
-
-def _value(row: TupleData, index: int) -> str | None:
-    value = row.values[index]
-    if value is None:
-        return None
-    if row.kinds[index] == 0x62:  # 'b'
-        return "\\x" + value.hex()
-    return value.decode()
+    """Column name to value, by the envelope's rule (`pgcdc.envelope.images`)."""
+    pairs = row_pairs(relation, row, key_only=key_only, value=_value)
+    return None if pairs is None else dict(pairs)
 
 
 def _text(content: bytes) -> str:

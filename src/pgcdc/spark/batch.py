@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,8 +31,7 @@ from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.spool import SpoolRange, read_envelope
 from pgcdc.spark.typed import CatalogAnswers
-from pgcdc.targets import DeltaTarget
-from pgcdc.targets.delta import Mode
+from pgcdc.targets import TargetSpec, open_target
 from pgcdc.types.catalog import resolve
 from pgcdc.types.registry import DEFAULT_REGISTRY
 
@@ -44,12 +43,6 @@ __all__ = [
     "group_work",
     "warm_up",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class TargetSpec:
-    path: str
-    mode: Mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +64,8 @@ class TableWork:
     #: is quarantined (`pending`), or from this batch on when quarantined now.
     pending_log: str = ""
     pending: bool = False
+    #: The pending log's storage options (its targets' own are in their specs).
+    storage_options: Mapping[str, str] | None = None
     changes: int = 0
 
 
@@ -136,13 +131,8 @@ def _apply(work: TableWork) -> TableOutcome:
             resolve(registry, work.answers, list(work.type_oids))
             fills = SourceFills(work.conninfo)
             for spec in work.targets:
-                target = DeltaTarget(
-                    spec.path,
-                    spec.mode,
-                    app_id=work.app_id,
-                    registry=registry,
-                    source=work.table,
-                    fills=fills,
+                target = open_target(
+                    spec, app_id=work.app_id, registry=registry, source=work.table, fills=fills
                 )
                 result = target.apply(rows)
                 outcome.applied[f"{work.table} {spec.mode}"] = result.applied
@@ -159,8 +149,8 @@ def _apply(work: TableWork) -> TableOutcome:
 
 def _log(work: TableWork, rows: pa.Table, outcome: TableOutcome) -> None:
     """The changes to the table's pending change log, durably (the slot may then move)."""
-    target = DeltaTarget(work.pending_log, "changelog", app_id=work.app_id, source=work.table)
-    target.apply(rows)
+    log = TargetSpec(work.pending_log, "changelog", storage_options=work.storage_options)
+    open_target(log, app_id=work.app_id, source=work.table).apply(rows)
     outcome.pending = True
     outcome.applied[f"{work.table} pending"] = rows.num_rows
 

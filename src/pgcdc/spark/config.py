@@ -10,6 +10,7 @@ slot = "shop_slot"
 create_slot = true                 # create the slot when missing
 streaming = "on"                   # how the server sends large transactions (on/off)
 max_retained_wal = "1GB"           # warn when the slot holds back more WAL than this
+# spool_dir = "/mnt/shared/spool"  # on a cluster: a directory every executor reads
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
@@ -18,6 +19,9 @@ chunk_blocks = 16384               # blocks (8 kB) per parallel copy task
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
 on_error = "stop"                  # a change a table cannot take: "stop" or "quarantine"
+# state = "state"                  # the pipeline's own state (default <path>/_pgcdc/<name>)
+# [target.storage_options]         # for an object store: delta-rs's options, e.g.
+# AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake" (state must then be given)
 
 [trigger]
 available_now = false              # true: catch up, then stop
@@ -31,7 +35,10 @@ max_changes_per_batch = 1000000
 ```
 
 Paths are relative to the configuration file's directory. The pipeline keeps its state in
-``<path>/_pgcdc/<name>/``. ``interval`` is a number of seconds or a text such as
+``<path>/_pgcdc/<name>/`` (or `state`). Targets on an object store (``s3://``, ``abfss://``,
+``gs://``) take delta-rs's `storage_options`; the spool (the driver writes it, Spark tasks
+read it) must then be a directory every executor reads (`spool_dir`: NFS, EFS, a DBFS mount).
+``interval`` is a number of seconds or a text such as
 ``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
 soon as changes are there and the interval since the last one has passed).
 
@@ -47,6 +54,7 @@ the table anew and applies the logged changes after the copy.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +62,7 @@ from typing import Any
 from pgcdc.errors import InvalidConninfo, PgcdcError
 from pgcdc.replication.connection import parse_conninfo
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
+from pgcdc.targets.base import Mode, TargetSpec
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
 
@@ -70,8 +79,13 @@ class ConfigError(PgcdcError):
 @dataclass(frozen=True, slots=True)
 class TableTarget:
     table: str  # schema.table
-    mode: str
+    mode: Mode
     path: str
+    storage_options: Mapping[str, str] | None = None
+
+    @property
+    def spec(self) -> TargetSpec:
+        return TargetSpec(self.path, self.mode, storage_options=self.storage_options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +108,21 @@ class PipelineConfig:
     on_error: dict[str, str] = field(default_factory=dict)
     #: Warn when the slot retains more WAL than this many bytes (None: never).
     max_retained_wal: int | None = 1024**3
+    #: delta-rs storage options of the targets (object stores: credentials, region, ...).
+    storage_options: dict[str, str] = field(default_factory=dict)
+    #: Where the pipeline keeps its state (None: beside the targets, when they are local).
+    state: str | None = None
+    #: Where the driver spools changes for the tasks (None: a temporary directory).
+    spool_dir: str | None = None
 
     @property
     def state_path(self) -> str:
-        """Where the pipeline keeps its own state (the initial copy's plan and progress)."""
-        return str(Path(self.target_path) / "_pgcdc" / self.name)
+        """Where the pipeline keeps its own state (table OIDs, the initial copy's plan and
+        progress, quarantine records, pending change logs): `state`, or beside the targets."""
+        if self.state is not None:
+            return self.state
+        local = self.target_path.removeprefix("file://")
+        return str(Path(local) / "_pgcdc" / self.name)
 
     @property
     def app_id(self) -> str:
@@ -106,11 +130,24 @@ class PipelineConfig:
 
     def targets(self) -> list[TableTarget]:
         out = []
+        options = self.storage_options or None
         for table, modes in self.tables.items():
             for mode in modes:
-                path = str(Path(self.target_path) / f"{table}{_SUFFIX[mode]}")
-                out.append(TableTarget(table, mode, path))
+                path = join_path(self.target_path, f"{table}{_SUFFIX[mode]}")
+                out.append(TableTarget(table, mode, path, options))  # type: ignore[arg-type]
         return out
+
+
+def is_uri(path: str) -> bool:
+    """A URI of an object store (``s3://``, ``abfss://``, ``gs://``…), not a local path."""
+    return "://" in path and not path.startswith("file://")
+
+
+def join_path(base: str, name: str) -> str:
+    """`base` / `name` for a local path or a URI alike."""
+    if "://" in base:
+        return base.rstrip("/") + "/" + name
+    return str(Path(base) / name)
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -211,6 +248,15 @@ def parse_interval(value: Any, where: str) -> float:
     return seconds
 
 
+def _optional_path(section: dict[str, Any], key: str, base: Path) -> str | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"source.{key} must be a directory (a string)")
+    return str(base / value)
+
+
 def _positive(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where} must be a positive integer")
@@ -249,7 +295,17 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         qualified = name if "." in name else f"public.{name}"
         parsed_tables[qualified], on_error[qualified] = _table(name, value, default_on_error)
     max_wal = source.get("max_retained_wal", 1024**3)
-    target_path = base / _required(target, "path", "target")
+    given_path = _required(target, "path", "target")
+    target_path = given_path if "://" in given_path else str(base / given_path)
+    state = target.get("state")
+    if state is not None and (not isinstance(state, str) or not state):
+        raise ConfigError("target.state must be a directory (a string)")
+    if state is None and is_uri(given_path):
+        raise ConfigError(
+            f"target.path {given_path} is an object store: give target.state, a local (or "
+            "mounted) directory for the pipeline's state"
+        )
+    storage = _section(target, "storage_options")
     max_changes = trigger.get("max_changes_per_batch", 1_000_000)
     if max_changes is not None:
         max_changes = _positive(max_changes, "trigger.max_changes_per_batch")
@@ -258,7 +314,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         conninfo=_conninfo(_required(source, "conninfo", "source")),
         publication=_required(source, "publication", "source"),
         slot=_required(source, "slot", "source"),
-        target_path=str(target_path),
+        target_path=target_path,
         tables=parsed_tables,
         create_slot=bool(source.get("create_slot", False)),
         snapshot=bool(snapshot.get("enabled", True)),
@@ -274,6 +330,9 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         max_retained_wal=None
         if max_wal is False
         else parse_size(max_wal, "source.max_retained_wal"),
+        storage_options={str(k): str(v) for k, v in storage.items()},
+        state=None if state is None else str(base / state),
+        spool_dir=_optional_path(source, "spool_dir", base),
     )
 
 

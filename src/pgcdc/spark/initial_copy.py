@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
 from psycopg import sql
 
 from pgcdc.errors import PgcdcError, SlotNotFound
@@ -44,17 +43,16 @@ from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.spark.session import error_line
 from pgcdc.spark.typed import CatalogAnswers, catalog_registry, catalog_relation
-from pgcdc.targets import END_AT, SEQUENCE_TYPE, START_AT, DeltaTarget
+from pgcdc.targets import Target, TargetSpec, open_target
+from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
 
-__all__ = ["CHUNK_KEY", "InitialCopy", "TableProgress"]
+__all__ = ["CHUNK_KEY", "POINT_KEY", "InitialCopy", "TableProgress"]
 
 log = logging.getLogger(__name__)
 
 #: How many snapshots a copy takes before it gives up on tables rewritten under it.
 _ATTEMPTS = 5
 #: The Delta commit metadata keys naming the chunk a commit holds and the copy's point.
-CHUNK_KEY = "pgcdc.snapshot.chunk"
-POINT_KEY = "pgcdc.snapshot.point"
 
 
 @dataclass(slots=True)
@@ -85,12 +83,6 @@ class TableProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class _Target:
-    path: str
-    mode: str
-
-
-@dataclass(frozen=True, slots=True)
 class _Task:
     """What one Spark task needs: all of it pickles."""
 
@@ -99,7 +91,8 @@ class _Task:
     chunk: Chunk
     relation: Relation
     answers: CatalogAnswers
-    targets: tuple[_Target, ...]
+    targets: tuple[TargetSpec, ...]
+    app_id: str
     point: int
     #: The chunk's place in its table's plan (distinct versions' ordinals).
     position: int
@@ -127,52 +120,15 @@ def _rows(task: _Task) -> pa.Table:
     return pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
 
 
-def _for_target(rows: pa.Table, mode: str, point: int, position: int) -> pa.Table:
-    """A history's rows start at the copy's point; each its own (negative) ordinal, so that
-    identical rows (a table without a key) are distinct versions, before any change there."""
-    if mode != "history":
-        return rows
-    first = -(position << 32) - 1
-    ordinals = pa.array(range(first, first - rows.num_rows, -1), pa.int64())
-    start = pa.StructArray.from_arrays(
-        [pa.repeat(pa.scalar(point, pa.int64()), rows.num_rows), ordinals],
-        fields=list(SEQUENCE_TYPE),
-    )
-    rows = rows.append_column(START_AT, start)
-    return rows.append_column(END_AT, pa.nulls(rows.num_rows, start.type))
-
-
-def _conform(rows: pa.Table, path: str) -> pa.Table:
-    schema = pa.schema(DeltaTable(path).schema().to_arrow())
-    return rows.select(schema.names).cast(schema)
-
-
 def copy_chunk(task: _Task) -> tuple[str, str, int]:
-    """Runs on an executor: reads the chunk under the snapshot and appends it to every target
-    in one commit each (the commit names the chunk). Returns (table, chunk id, rows)."""
+    """Runs on an executor: reads the chunk under the snapshot and writes it to every target
+    (`Target.write_chunk`: one commit each, naming the chunk). Returns (table, chunk id,
+    rows)."""
     rows = _rows(task)
-    metadata = {
-        CHUNK_KEY: task.chunk.id,
-        POINT_KEY: str(task.point),
-        "pgcdc.snapshot.rows": str(rows.num_rows),
-    }
-    for target in task.targets:
-        data = _conform(_for_target(rows, target.mode, task.point, task.position), target.path)
-        commit = CommitProperties(custom_metadata=metadata)
-        write_deltalake(target.path, data, mode="append", commit_properties=commit)
+    for spec in task.targets:
+        target = open_target(spec, app_id=task.app_id)
+        target.write_chunk(rows, task.chunk.id, task.point, task.position)
     return task.chunk.table, task.chunk.id, rows.num_rows
-
-
-def done_chunks(path: str, point: int) -> dict[str, int]:
-    """Chunk id -> rows, for the chunks of the copy at `point` a target's commits hold."""
-    if not DeltaTable.is_deltatable(path):
-        return {}
-    done = {}
-    for commit in DeltaTable(path).history():
-        chunk = commit.get(CHUNK_KEY)
-        if chunk is not None and commit.get(POINT_KEY) == str(int(point)):
-            done[chunk] = int(commit.get("pgcdc.snapshot.rows", 0))
-    return done
 
 
 class InitialCopy:
@@ -183,7 +139,7 @@ class InitialCopy:
         spark: Any,
         conninfo: str,
         slot: str,
-        targets: dict[str, list[DeltaTarget]],
+        targets: dict[str, list[Target]],
         state_path: str | Path,
         *,
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
@@ -340,9 +296,10 @@ class InitialCopy:
             except PgcdcError as exc:
                 progress.error = str(exc)
                 continue
-            copied = tuple(_Target(t.path, t.mode) for t in targets if t.mode != "changelog")
+            copied = tuple(t.spec for t in targets if t.mode != "changelog")
+            app_id = targets[0].app_id
             jobs[table] = [
-                _Task(self.conninfo, snapshot, c, relation, answers, copied, int(point), i)
+                _Task(self.conninfo, snapshot, c, relation, answers, copied, app_id, int(point), i)
                 for i, c in enumerate(chunks)
             ]
 
@@ -368,10 +325,10 @@ class InitialCopy:
 
     def _poll(self) -> None:
         for table, progress in self.progress.items():
-            paths = [t.path for t in self.targets[table] if t.mode != "changelog"]
-            if not paths:
+            copied = [t for t in self.targets[table] if t.mode != "changelog"]
+            if not copied:
                 continue
-            done = done_chunks(paths[0], progress.point)
+            done = copied[0].copied_chunks(progress.point)
             planned = progress.chunks
             progress.chunks_done = min(len(done), planned) if planned else 0
             progress.rows_done = sum(done.values())

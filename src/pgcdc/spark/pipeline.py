@@ -34,7 +34,6 @@ from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.batch import (
     TableOutcome,
     TableWork,
-    TargetSpec,
     apply_error_line,
     apply_tables,
     group_work,
@@ -48,7 +47,7 @@ from pgcdc.spark.session import error_line
 from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, default_spool_dir
 from pgcdc.spark.spooler import Spooler
 from pgcdc.spark.typed import CatalogAnswers
-from pgcdc.targets import DeltaTarget
+from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import resolve
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
@@ -130,12 +129,11 @@ class Pipeline:
         self.catalog = Catalog(config.conninfo)
         #: Catalog answers typing needs, recorded here and replayed in the tasks.
         self.answers = CatalogAnswers(self.catalog)
-        self.targets: dict[str, list[tuple[TableTarget, DeltaTarget]]] = {}
+        self.targets: dict[str, list[tuple[TableTarget, Target]]] = {}
         fills = SourceFills(config.conninfo)
         for spec in config.targets():
-            target = DeltaTarget(
-                spec.path,
-                spec.mode,  # type: ignore[arg-type]  # checked by the configuration
+            target = open_target(
+                spec.spec,
                 app_id=config.app_id,
                 registry=self.registry,
                 source=spec.table,
@@ -197,7 +195,7 @@ class Pipeline:
             works.append(
                 TableWork(
                     table,
-                    tuple(TargetSpec(s.path, t.mode) for s, t in self.targets[table]),
+                    tuple(s.spec for s, _ in self.targets[table]),
                     tuple(found),
                     self.answers,
                     tuple(oids),
@@ -386,7 +384,8 @@ class Pipeline:
     def _drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip
         what the copy already holds), then forget the pending log."""
-        pending = DeltaTarget(self._pending_path(table), "changelog", app_id=self.config.app_id)
+        log = TargetSpec(self._pending_path(table), "changelog")
+        pending = open_target(log, app_id=self.config.app_id)
         if pending.exists:
             rows = pending.to_arrow()
             columns = pc.list_flatten(rows.column("columns"))
@@ -416,7 +415,7 @@ class Pipeline:
         if streaming is None:
             version = int(self.catalog.query("SHOW server_version_num")[0][0])
             streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
-        directory = options.get("spoolDir") or default_spool_dir(config.slot)
+        directory = config.spool_dir or options.get("spoolDir") or default_spool_dir(config.slot)
         return Spooler(
             config.conninfo,
             config.slot,

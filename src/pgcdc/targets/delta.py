@@ -50,7 +50,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import deltalake
 import pyarrow as pa
@@ -66,6 +66,17 @@ from pgcdc.targets.added_columns import (
     added_columns,
     fill_texts,
     fill_values,
+)
+from pgcdc.targets.base import (
+    END_AT,
+    MODES,
+    SEQUENCE_TYPE,
+    START_AT,
+    ApplyResult,
+    Mode,
+    Target,
+    TargetSpec,
+    history_columns,
 )
 from pgcdc.targets.bulk import BulkMirror, bulk_mirror
 from pgcdc.targets.fold import (
@@ -88,13 +99,15 @@ from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
-__all__ = ["END_AT", "SEQUENCE_TYPE", "START_AT", "ApplyResult", "DeltaTarget", "Mode"]
+__all__ = ["CHUNK_KEY", "POINT_KEY", "DeltaTarget"]
 
-Mode = Literal["mirror", "history", "changelog"]
-MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
-START_AT = "__START_AT"
-END_AT = "__END_AT"
-SEQUENCE_TYPE = pa.struct([("commit_lsn", pa.int64()), ("ordinal", pa.int64())])
+#: Commit metadata of an initial copy's chunk: the chunk, the copy's point, its rows.
+CHUNK_KEY, POINT_KEY, ROWS_KEY = (
+    "pgcdc.snapshot.chunk",
+    "pgcdc.snapshot.point",
+    "pgcdc.snapshot.rows",
+)
+
 #: The merge source's column telling what a row does; never written to the table.
 ACTION = "_pgcdc_action"
 #: Above this many keys, a lookup of current rows scans instead of listing the keys.
@@ -104,27 +117,6 @@ Plan = MirrorPlan | HistoryPlan | MultisetPlan
 #: Commit metadata: the last change of a batch's commit that is not its last; the
 #: relation's columns as of a batch's last change.
 _PARTIAL, _COLUMNS = "pgcdc.partial", "pgcdc.columns"
-
-
-@dataclass(slots=True)
-class ApplyResult:
-    """What one `DeltaTarget.apply` did.
-
-    `applied`: rows above the watermark (the ones used); `skipped`: rows at or below it.
-    `upserts`: rows upserted (mirror), versions opened (history) or rows appended (changelog);
-    `deletes`: keys deleted (mirror) or delete changes applied (history). `watermark`: the
-    highest commit LSN applied, after this call. `version`: the Delta version of the last
-    commit made, None when nothing was written. `fold_seconds`: reading the watermark,
-    folding and typing; `write_seconds`: the Delta commits."""
-
-    applied: int
-    skipped: int
-    upserts: int
-    deletes: int
-    watermark: int | None
-    version: int | None
-    fold_seconds: float = 0.0
-    write_seconds: float = 0.0
 
 
 def _q(name: str) -> str:
@@ -211,7 +203,7 @@ class _Evolution:
     widened: set[str]
 
 
-class DeltaTarget:
+class DeltaTarget(Target):
     """One Delta table at `path`, kept from one source table's change envelopes.
 
     `app_id` names the writer in the table's application transactions (the watermark); two
@@ -250,6 +242,10 @@ class DeltaTarget:
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self.path!r}, {self.mode!r}, app_id={self.app_id!r})"
+
+    @property
+    def spec(self) -> TargetSpec:
+        return TargetSpec(self.path, self.mode, "delta", self.storage_options)
 
     # --- the table ---------------------------------------------------------------------
 
@@ -436,6 +432,29 @@ class DeltaTarget:
                 fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
             schema = pa.schema(fields)
         self._create(schema, self.source or source)
+
+    def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:
+        table = self._open()
+        if table is None:
+            raise TargetError(f"no Delta table at {self.path} (ensure_table first)")
+        if self.mode == "history":
+            rows = history_columns(rows, point, position)
+        metadata = {CHUNK_KEY: chunk, POINT_KEY: str(int(point)), ROWS_KEY: str(rows.num_rows)}
+        data = _conform(rows, self._schema(table))
+        write_deltalake(
+            table, data, mode="append", commit_properties=CommitProperties(custom_metadata=metadata)
+        )
+
+    def copied_chunks(self, point: int) -> dict[str, int]:
+        table = self._open()
+        if table is None:
+            return {}
+        done = {}
+        for commit in table.history():
+            chunk = commit.get(CHUNK_KEY)
+            if chunk is not None and commit.get(POINT_KEY) == str(int(point)):
+                done[chunk] = int(commit.get(ROWS_KEY, 0))
+        return done
 
     def clear(self) -> None:
         """Remove the table's rows (a copy that starts over), keeping the table."""

@@ -1,0 +1,165 @@
+"""What a target is: one source table kept in one table of some format, exactly once.
+
+`Target` is the one interface the stream and the initial copy both write through: `apply` a
+batch of change envelopes (`pgcdc.envelope`), `write_chunk` a chunk of an initial copy,
+`mark` the copy's point, and `watermark`, the highest commit LSN the target holds (what lets
+a replayed batch change nothing). `open_target` makes the target a configuration names;
+Delta Lake (`pgcdc.targets.delta`) is the format there is today. Storage is the format's
+business: a path or a URI (``s3://``, ``abfss://``, ``gs://``) with `storage_options`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+from pgcdc.envelope import SEQUENCE_TYPE
+from pgcdc.protocol import Relation
+from pgcdc.types.registry import TypeRegistry
+
+__all__ = [
+    "END_AT",
+    "MODES",
+    "SEQUENCE_TYPE",
+    "START_AT",
+    "ApplyResult",
+    "Mode",
+    "Target",
+    "TargetSpec",
+    "history_columns",
+    "open_target",
+]
+
+Mode = Literal["mirror", "history", "changelog"]
+MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
+#: A history's version columns (struct<commit_lsn, ordinal>; END_AT null: the current one).
+START_AT = "__START_AT"
+END_AT = "__END_AT"
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one `Target.apply` did.
+
+    `applied`: rows above the watermark (the ones used); `skipped`: rows at or below it.
+    `upserts`: rows upserted (mirror), versions opened (history) or rows appended (changelog);
+    `deletes`: keys deleted (mirror) or delete changes applied (history). `watermark`: the
+    highest commit LSN applied, after this call. `version`: the table version of the last
+    commit made, None when nothing was written. `fold_seconds`: reading the watermark,
+    folding and typing; `write_seconds`: the commits."""
+
+    applied: int
+    skipped: int
+    upserts: int
+    deletes: int
+    watermark: int | None
+    version: int | None
+    fold_seconds: float = 0.0
+    write_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """A target as a configuration names it (pickles: tasks open it themselves)."""
+
+    path: str
+    mode: Mode
+    format: str = "delta"
+    storage_options: Mapping[str, str] | None = None
+
+
+class Target(ABC):
+    """One source table kept in one target table (see the module docstring)."""
+
+    path: str
+    mode: Mode
+    app_id: str
+
+    @property
+    @abstractmethod
+    def spec(self) -> TargetSpec:
+        """How to open this target again (in a Spark task)."""
+
+    @property
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the table was created."""
+
+    @property
+    @abstractmethod
+    def watermark(self) -> int | None:
+        """The highest commit LSN applied (None: nothing applied yet)."""
+
+    @abstractmethod
+    def apply(self, rows: pa.Table) -> ApplyResult:
+        """Apply a batch of envelope rows of the source table (whole transactions, any
+        order); rows at or below the watermark are skipped. A batch that raises writes
+        nothing that a replay would not write again."""
+
+    @abstractmethod
+    def ensure_table(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
+        """Create the table for `relation` if there is none (a copy writes before changes)."""
+
+    @abstractmethod
+    def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:
+        """Append one chunk of an initial copy taken at `point` (typed rows of the table;
+        `position`: the chunk's place in its table's plan), in one commit that names the
+        chunk."""
+
+    @abstractmethod
+    def copied_chunks(self, point: int) -> dict[str, int]:
+        """Chunk id -> rows, of the copy at `point`, that the table holds."""
+
+    @abstractmethod
+    def mark(self, watermark: int) -> None:
+        """Record `watermark` without data (an initial copy's point)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove the table's rows (a copy that starts over), keeping the table."""
+
+    @abstractmethod
+    def to_arrow(self) -> pa.Table:
+        """The table's current contents (row order unspecified)."""
+
+
+def open_target(
+    spec: TargetSpec,
+    *,
+    app_id: str,
+    registry: TypeRegistry | None = None,
+    source: str | None = None,
+    **options: object,
+) -> Target:
+    """The target `spec` names (the factory of every format)."""
+    if spec.format != "delta":
+        raise ValueError(f"unknown target format {spec.format!r} (known: delta)")
+    from pgcdc.targets.delta import DeltaTarget
+
+    return DeltaTarget(
+        spec.path,
+        spec.mode,
+        app_id=app_id,
+        storage_options=dict(spec.storage_options) if spec.storage_options else None,
+        source=source,
+        **({"registry": registry} if registry is not None else {}),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def history_columns(rows: pa.Table, point: int, position: int) -> pa.Table:
+    """Copied rows as history versions: each starts at the copy's point with its own
+    (negative) ordinal, so that identical rows (a table without a key) are distinct
+    versions, before any change there; none has ended."""
+    import numpy as np
+
+    first = -(position << 32) - 1
+    ordinals = pa.array(np.arange(first, first - rows.num_rows, -1), pa.int64())
+    points = pa.array(np.full(rows.num_rows, point, np.int64))
+    start = pa.StructArray.from_arrays([points, ordinals], fields=list(SEQUENCE_TYPE))
+    rows = rows.append_column(START_AT, start)
+    return rows.append_column(END_AT, pa.nulls(rows.num_rows, SEQUENCE_TYPE))

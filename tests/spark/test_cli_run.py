@@ -110,3 +110,82 @@ def test_run_reports_a_missing_slot_in_one_line(pg: Database, tmp_path: Path) ->
         "`pgcdc slot create`, or set create_slot = true in [source])"
     ], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_status_metrics_and_plot_of_a_running_pipeline(pg: Database, tmp_path: Path) -> None:
+    """While `pgcdc run` streams: its Prometheus endpoint has the figures, `pgcdc status
+    PIPELINE.toml --json` shows the slot, the batches, each target's watermark and rows, and
+    `--plot` draws the batch log."""
+    import json
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if pg.version < 18:
+        pytest.skip("the command is the same on every server; one run is enough")
+    slot, publication = unique("cli"), unique("pub")
+    pg.execute(
+        f"CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION {publication} FOR TABLE t"
+    )
+    lake = tmp_path / "lake"
+    port = _free_port()
+    config = write_config(tmp_path / "p.toml", pg, slot, publication, lake)
+    config.write_text(config.read_text() + f"[metrics]\nport = {port}\n")
+    proc = subprocess.Popen(
+        [PGCDC, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not pg.execute(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}'"):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        for i in range(3):  # three transactions, most likely three batches
+            pg.execute(
+                f"INSERT INTO t SELECT g, 'v' FROM generate_series({i * 5 + 1}, {i * 5 + 5}) g"
+            )
+            time.sleep(1)
+        wait_for_ids(lake, list(range(1, 16)), proc)
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(scraped.decode())
+            for s in family.samples
+        }
+        assert samples[("pgcdc_changes_total", ())] >= 15
+        watermark = samples[("pgcdc_target_watermark_lsn", (("target", "public.t mirror"),))]
+        assert watermark > 0
+        shown = subprocess.run(
+            [PGCDC, "status", str(config), "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert shown.returncode == 0, shown.stderr
+        status = json.loads(shown.stdout)
+        assert status["slot"]["slot_name"] == slot and status["slot"]["active"]
+        assert status["batches"]["count"] >= 1 and status["batches"]["changes"] >= 15
+        mirror = status["targets"]["public.t mirror"]
+        assert mirror["rows"] == 15 and mirror["watermark"] != "-"
+        assert status["initial_copy"]["status"] == "done"
+        png = tmp_path / "lag.png"
+        drawn = subprocess.run(
+            [PGCDC, "status", str(config), "--plot", str(png)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert drawn.returncode == 0, drawn.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        assert "changes/s" in drawn.stdout and "Targets" in drawn.stdout
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err

@@ -389,3 +389,27 @@ def test_a_refused_batch_leaves_nothing_behind(tmp_path: Path) -> None:
     assert t.watermark is None
     t.apply(envelope(txn(0x100, insert(rel, id=3))))
     assert rows(t.to_arrow()) == [(3, None)]
+
+
+def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pgcdc.targets.delta as delta
+
+    monkeypatch.setattr(delta, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(delta, "COMPACT_EVERY", 10)
+    t = target(tmp_path, "history")
+    batches = [envelope(txn(0x100 * (i + 1), insert(REL, id=i, name="n"))) for i in range(12)]
+    for batch in batches:
+        t.apply(batch)
+        t.maintain()
+    table = DeltaTable(t.path)
+    assert len(table.file_uris()) < 5  # twelve appends' files, compacted
+    assert any(
+        p.name.endswith(".checkpoint.parquet")
+        for p in (tmp_path / "history" / "_delta_log").iterdir()
+    )
+    state = t.state()
+    assert state.rows == 12 and state.watermark == 0x100 * 12
+    assert t.apply(batches[3]).applied == 0  # replays still skip
+    assert sorted(v[0] for v in versions(t)) == list(range(12))

@@ -725,8 +725,13 @@ def _jsonable(value: Any) -> Any:
 
 
 @cli.command()
+@click.argument(
+    "pipeline",
+    required=False,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
 @_conninfo_option
-@click.option("-S", "--slot", "slot_name", required=True, help="replication slot name")
+@click.option("-S", "--slot", "slot_name", default=None, help="replication slot name")
 @click.option(
     "--standby",
     metavar="CONNINFO",
@@ -757,20 +762,30 @@ def _jsonable(value: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object, for monitoring systems")
 @_user_errors
 def status(
+    pipeline: Path | None,
     conninfo: str,
-    slot_name: str,
+    slot_name: str | None,
     standby: str | None,
     max_retained_wal: int | None,
     batches: Path | None,
     plot: Path | None,
     as_json: bool,
 ) -> None:
-    """Show a slot's health: positions, lag, retained WAL, what endangers it, its failover
-    copy; with a batch log, the pipeline's lag and throughput (and a plot of them)."""
-    from pgcdc.cli.status import print_sections, status_sections
+    """Show a pipeline's health (PIPELINE.toml: its slot, lag and throughput, every target's
+    watermark and rows, the initial copy, stopped tables) or a slot's (-S SLOT: positions,
+    lag, retained WAL, what endangers it, its failover copy; with a batch log, a pipeline's
+    lag and throughput), and --plot them."""
+    from pgcdc.cli.status import pipeline_sections, print_sections, status_sections
 
+    if pipeline is not None:
+        if slot_name is not None or batches is not None:
+            raise click.UsageError("give PIPELINE.toml, or -S SLOT (and --batches), not both")
+        print_sections(pipeline_sections(pipeline, plot=plot), as_json=as_json)
+        return
+    if slot_name is None:
+        raise click.UsageError("give PIPELINE.toml or -S SLOT")
     if plot is not None and batches is None:
-        raise click.UsageError("--plot needs --batches BATCHLOG")
+        raise click.UsageError("--plot needs --batches BATCHLOG (or PIPELINE.toml)")
     sections = status_sections(
         conninfo,
         slot_name,

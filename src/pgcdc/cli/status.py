@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,12 @@ from pgcdc.monitoring import (
     throughput,
     wal_warnings,
 )
+from pgcdc.protocol import Lsn
 
 __all__ = [
     "Section",
     "batch_section",
+    "pipeline_sections",
     "plot_section",
     "print_sections",
     "slot_sections",
@@ -228,3 +230,77 @@ def print_sections(sections: list[Section], *, as_json: bool) -> None:
             console.print(
                 f"warning: {warning}", style=style, markup=False, highlight=False, soft_wrap=True
             )
+
+
+def pipeline_sections(path: Path, *, plot: Path | None = None) -> list[Section]:
+    """Everything `pgcdc status PIPELINE.toml` shows: the slot's sections (with the
+    pipeline's WAL limit), its batches (and a plot of them), every target's watermark, last
+    commit and rows, the initial copy's progress and any table quarantined."""
+    from pgcdc.spark.config import load_config
+    from pgcdc.spark.quarantine import Quarantine
+
+    config = load_config(path)
+    state = Path(config.state_path)
+    status = slot_status(config.conninfo, config.slot)
+    sections = slot_sections(status, config.max_retained_wal)
+    records = BatchLog(state / "batches.jsonl").read()
+    sections.append(batch_section(records, status.server_time))
+    if plot is not None:
+        sections.append(plot_section(records, plot, title=f"pgcdc pipeline {config.name}"))
+    sections.append(_target_section(config, status.server_time))
+    copy = _copy_section(state / "snapshot.json")
+    if copy is not None:
+        sections.append(copy)
+    stopped = Quarantine(state / "quarantine.json").records()
+    if stopped:
+        listed = sorted(stopped.items())
+        sections.append(
+            Section(
+                "Stopped tables",
+                [(t, f"{r.status} since {r.since}: {r.reason}") for t, r in listed],
+                key="stopped_tables",
+                data={t: asdict(r) for t, r in listed},
+                warnings=[f"{t} is {r.status}: {r.reason}" for t, r in listed],
+            )
+        )
+    return sections
+
+
+def _target_section(config: Any, now: datetime) -> Section:
+    """Each target's watermark, rows and last commit (from the table's metadata)."""
+    from pgcdc.targets import open_target
+
+    rows, data = [], {}
+    for spec in config.targets():
+        name = f"{spec.table} {spec.mode}"
+        found = open_target(spec.spec, app_id=config.app_id).state()
+        if not found.exists:
+            rows.append((name, "not created yet"))
+            data[name] = {"exists": False}
+            continue
+        watermark = "-" if found.watermark is None else str(Lsn(found.watermark))
+        at = found.last_commit_at
+        last = "-" if at is None else _ago(at, now)
+        rows.append((name, f"watermark {watermark}, {found.rows:,} rows, last commit {last}"))
+        data[name] = {
+            "exists": True,
+            "path": spec.path,
+            "watermark": watermark,
+            "rows": found.rows,
+            "version": found.version,
+            "last_commit_at": None if at is None else at.isoformat(),
+        }
+    return Section("Targets", rows, key="targets", data=data)
+
+
+def _copy_section(path: Path) -> Section | None:
+    """The initial copy: its status, point and chunks, from the copy's state file."""
+    if not path.exists():
+        return None
+    state = json.loads(path.read_text())
+    chunks = {t: len(c) for t, c in state.get("chunks", {}).items()}
+    rows = [("status", str(state.get("status"))), ("point", str(state.get("point", "-")))]
+    rows += [(f"  {t}", f"{n} chunks planned") for t, n in sorted(chunks.items())]
+    data = {"status": state.get("status"), "point": state.get("point"), "chunks": chunks}
+    warnings = [] if state.get("status") == "done" else ["the initial copy has not finished"]
+    return Section("Initial copy", rows, key="initial_copy", data=data, warnings=warnings)

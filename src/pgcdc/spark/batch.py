@@ -135,10 +135,12 @@ def _apply(work: TableWork) -> TableOutcome:
                     spec, app_id=work.app_id, registry=registry, source=work.table, fills=fills
                 )
                 result = target.apply(rows)
+                maintained = time.monotonic()
+                target.maintain()
                 outcome.applied[f"{work.table} {spec.mode}"] = result.applied
                 outcome.skipped += result.skipped
                 outcome.phases["fold"] += result.fold_seconds
-                outcome.phases["write"] += result.write_seconds
+                outcome.phases["write"] += result.write_seconds + time.monotonic() - maintained
     except Exception as exc:
         outcome.error = apply_error_line(work.table, rows, exc)
         if work.on_error == "quarantine" and not work.pending:

@@ -28,6 +28,9 @@ available_now = false              # true: catch up, then stop
 interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
 
+[metrics]                          # off unless a port is given
+port = 9187                        # Prometheus metrics at http://127.0.0.1:9187/metrics
+
 [tables]
 "public.customers" = ["mirror", "history"]
 "public.orders" = "mirror"
@@ -114,6 +117,9 @@ class PipelineConfig:
     state: str | None = None
     #: Where the driver spools changes for the tasks (None: a temporary directory).
     spool_dir: str | None = None
+    #: The Prometheus endpoint ([metrics] port; None: off) and the address it listens on.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @property
     def state_path(self) -> str:
@@ -257,6 +263,12 @@ def _optional_path(section: dict[str, Any], key: str, base: Path) -> str | None:
     return str(base / value)
 
 
+def _port(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(f"metrics.port must be a TCP port, 0 to 65535 (got {value!r})")
+    return value
+
+
 def _positive(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where} must be a positive integer")
@@ -286,6 +298,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     trigger = _section(data, "trigger")
     tables = _section(data, "tables")
     snapshot = _section(data, "snapshot")
+    metrics = _section(data, "metrics")
     if not tables:
         raise ConfigError('[tables] must name at least one table, e.g. "public.t" = "mirror"')
     default_on_error = _on_error(target.get("on_error", "stop"), "target.on_error")
@@ -333,6 +346,8 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         storage_options={str(k): str(v) for k, v in storage.items()},
         state=None if state is None else str(base / state),
         spool_dir=_optional_path(source, "spool_dir", base),
+        metrics_port=None if metrics.get("port") is None else _port(metrics["port"]),
+        metrics_host=str(metrics.get("host", "127.0.0.1")),
     )
 
 

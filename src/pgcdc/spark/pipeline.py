@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,13 @@ import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.errors import PgcdcError, SlotNotFound
+from pgcdc.monitoring import (
+    BatchLog,
+    BatchRecord,
+    PipelineMetrics,
+    slot_status,
+    wal_warnings,
+)
 from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, get_slot
@@ -155,6 +162,9 @@ class Pipeline:
         self._stopping = threading.Event()
         self._relations: dict[bytes, Relation] = {}
         self.spooler: Spooler | None = None
+        self.batch_log = BatchLog(Path(config.state_path) / "batches.jsonl")
+        #: The Prometheus endpoint, while `run` runs with ``[metrics] port`` set.
+        self.metrics: PipelineMetrics | None = None
 
     # -- a batch -----------------------------------------------------------------------------
 
@@ -246,6 +256,8 @@ class Pipeline:
                 first = Lsn(outcome.first_commit_lsn or 0)
                 self.quarantine.add(outcome.table, outcome.error, str(first))
                 self.pending.add(outcome.table)
+                if self.metrics is not None:
+                    self.metrics.set_quarantined(outcome.table, outcome.error)
                 log.error(
                     "%s is quarantined: %s; its changes go to its change log until "
                     "`pgcdc recopy PIPELINE.toml %s`",
@@ -272,9 +284,49 @@ class Pipeline:
             phases,
         )
         self.stats.add(report)
+        self._record(report, info.bytes, info.first_commit_lsn, end, outcomes)
         if self.on_batch is not None:
             self.on_batch(report)
         return report
+
+    def _record(
+        self,
+        report: BatchReport,
+        size: int,
+        first: Lsn | None,
+        end: Lsn,
+        outcomes: list[TableOutcome],
+    ) -> None:
+        """The batch's line in the batch log, and the metrics."""
+        now = datetime.now(UTC)
+        assert self.spooler is not None
+        server = self.spooler.server_position or None
+        targets = {
+            name: {"rows": rows, "seconds": report.table_seconds.get(name.rsplit(" ", 1)[0], 0.0)}
+            for name, rows in report.applied.items()
+        }
+        last_time = report.last_commit_time
+        record = BatchRecord(
+            time=now,
+            batch=report.batch_id,
+            changes=report.changes,
+            bytes=size,
+            first_commit_lsn=None if first is None else str(first),
+            last_commit_lsn=None if report.last_commit_lsn is None else str(report.last_commit_lsn),
+            last_commit_time=last_time,
+            server_lsn=None if server is None else str(server),
+            lag_bytes=None if server is None else max(0, int(server) - int(end)),
+            lag_seconds=None if last_time is None else (now - last_time).total_seconds(),
+            seconds=report.seconds,
+            targets=targets,
+        )
+        self.batch_log.append(record)
+        if self.metrics is not None:
+            self.metrics.record_batch(record)
+            if report.last_commit_lsn is not None:
+                for outcome in outcomes:
+                    for name in outcome.applied:
+                        self.metrics.set_watermark(name, int(report.last_commit_lsn))
 
     def bind(self) -> TableBindings:
         """The configured tables' relation OIDs, resolved or re-checked once per run
@@ -296,6 +348,9 @@ class Pipeline:
 
         def progress(tables: dict[str, TableProgress]) -> None:
             self.copy_progress = dict(tables)
+            if self.metrics is not None:
+                for table, copied in tables.items():
+                    self.metrics.set_copy_progress(table, copied.rows_done, copied.estimated_rows)
             if self.on_copy is not None:
                 self.on_copy(self.copy_progress)
 
@@ -430,6 +485,16 @@ class Pipeline:
         if one is due; `tick` is called about twice a second (for a progress view)."""
         self._check_slot()
         self.bind()
+        if self.config.metrics_port is not None:
+            self.metrics = PipelineMetrics()
+            self.metrics.start(self.config.metrics_port, self.config.metrics_host)
+        try:
+            return self._run(tick)
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()
+
+    def _run(self, tick: Callable[[], None] | None) -> PipelineStats:
         self.initial_copy()
         if self._online is not None and self._online.ident is None:
             self._online.start()
@@ -486,30 +551,22 @@ class Pipeline:
             applied = end
 
     def watch_wal(self, every: float = 10.0) -> str | None:
-        """At most every `every` seconds, look at the slot: `wal_warning` says (and the log
-        warns once) when it retains more WAL than ``max_retained_wal``, or when the server
-        will invalidate it soon (``safe_wal_size`` below a tenth of that)."""
-        limit = self.config.max_retained_wal
+        """At most every `every` seconds, look at the slot (`pgcdc.monitoring.slot_status`):
+        `wal_warning` says (and the log warns once) when it retains more WAL than
+        ``max_retained_wal``, the server will invalidate it soon (``safe_wal_size``, an idle
+        timeout) or has done so. None when all is well."""
         now = time.monotonic()
-        if limit is None or now - self._wal_checked < every:
+        if now - self._wal_checked < every:
             return self.wal_warning
         self._wal_checked = now
         try:
-            slot = get_slot(self.config.conninfo, self.config.slot)
+            status = slot_status(self.config.conninfo, self.config.slot)
         except PgcdcError:
             return self.wal_warning  # the stream reports a missing slot itself
-        warning = None
-        retained, safe = slot.retained_bytes or 0, slot.safe_wal_size
-        if retained > limit:
-            warning = (
-                f"slot {slot.slot_name} retains {_size(retained)} of WAL "
-                f"(max_retained_wal {_size(limit)})"
-            )
-        if safe is not None and safe < limit // 10:
-            warning = (
-                f"{warning + '; ' if warning else f'slot {slot.slot_name}: '}the server "
-                f"invalidates it after {_size(max(safe, 0))} more WAL (max_slot_wal_keep_size)"
-            )
+        warnings = wal_warnings(status, self.config.max_retained_wal)
+        if self.metrics is not None:
+            self.metrics.record_slot(status, warnings)
+        warning = "; ".join(warnings) or None
         if warning and warning != self.wal_warning:
             log.warning("%s", warning)
         self.wal_warning = warning

@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ __all__ = [
     "Mode",
     "Target",
     "TargetSpec",
+    "TargetState",
     "history_columns",
     "open_target",
 ]
@@ -60,6 +62,18 @@ class ApplyResult:
     version: int | None
     fold_seconds: float = 0.0
     write_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """What `pgcdc status` shows of a target."""
+
+    exists: bool
+    watermark: int | None = None
+    rows: int | None = None
+    version: int | None = None
+    #: When the table's last commit was made.
+    last_commit_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +139,14 @@ class Target(ABC):
     @abstractmethod
     def to_arrow(self) -> pa.Table:
         """The table's current contents (row order unspecified)."""
+
+    @abstractmethod
+    def state(self) -> TargetState:
+        """The target's watermark, rows and last commit, read from its metadata."""
+
+    @abstractmethod
+    def maintain(self) -> None:
+        """Keep the table cheap to read as it grows (called after each batch's commit)."""
 
 
 def open_target(

@@ -50,6 +50,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import deltalake
@@ -76,6 +77,7 @@ from pgcdc.targets.base import (
     Mode,
     Target,
     TargetSpec,
+    TargetState,
     history_columns,
 )
 from pgcdc.targets.bulk import BulkMirror, bulk_mirror
@@ -108,6 +110,11 @@ CHUNK_KEY, POINT_KEY, ROWS_KEY = (
     "pgcdc.snapshot.rows",
 )
 
+#: How often (in table versions) `maintain` checkpoints, and compacts the files.
+CHECKPOINT_EVERY = 100
+COMPACT_EVERY = 1000
+#: The most commits `maintain` makes in a row (compaction, vacuum start and end).
+_MAINTENANCE_COMMITS = 4
 #: The merge source's column telling what a row does; never written to the table.
 ACTION = "_pgcdc_action"
 #: Above this many keys, a lookup of current rows scans instead of listing the keys.
@@ -445,6 +452,35 @@ class DeltaTarget(Target):
             table, data, mode="append", commit_properties=CommitProperties(custom_metadata=metadata)
         )
 
+    def state(self) -> TargetState:
+        table = self._open()
+        if table is None:
+            return TargetState(False)
+        actions = pa.table(table.get_add_actions(flatten=True))  # an arro3 table: to pyarrow
+        rows = pc.sum(actions.column("num_records")).as_py() or 0
+        last = table.history(1)
+        at = None
+        if last and last[0].get("timestamp") is not None:
+            at = datetime.fromtimestamp(last[0]["timestamp"] / 1000, UTC)
+        return TargetState(True, table.transaction_version(self.app_id), rows, table.version(), at)
+
+    def maintain(self) -> None:
+        """Every `CHECKPOINT_EVERY` versions a checkpoint (readers then replay a few log
+        entries, not all) and the log entries it makes unneeded go; every `COMPACT_EVERY`
+        the small files of many commits are rewritten into few (and files removed a week
+        ago, which no reader of the last week's versions needs, are deleted)."""
+        table = self._open()
+        if table is None:
+            return
+        version = table.version()
+        if version and version % COMPACT_EVERY == 0:
+            table.optimize.compact()
+            table.vacuum(retention_hours=168, dry_run=False)
+            table = self._load()
+        if version and version % CHECKPOINT_EVERY == 0:
+            table.create_checkpoint()
+            table.cleanup_metadata()
+
     def copied_chunks(self, point: int) -> dict[str, int]:
         table = self._open()
         if table is None:
@@ -524,9 +560,12 @@ class DeltaTarget(Target):
         return CommitProperties(custom_metadata={_PARTIAL: marker})
 
     def _last_commit(self, table: DeltaTable | None) -> dict[str, Any]:
-        """The latest commit's information (its custom metadata included)."""
-        history = [] if table is None else table.history(1)
-        return history[0] if history else {}
+        """The information (custom metadata included) of the latest commit that applied
+        changes: maintenance (`maintain`) commits in between are passed over."""
+        for commit in [] if table is None else table.history(_MAINTENANCE_COMMITS + 1):
+            if _PARTIAL in commit or _COLUMNS in commit:
+                return commit
+        return {}
 
     def _commit(self, high: int, shape: Shape) -> CommitProperties:
         """A batch's last commit: the watermark, and the columns of the relation as of the

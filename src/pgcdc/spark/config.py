@@ -11,6 +11,7 @@ create_slot = true                 # create the slot when missing
 streaming = "on"                   # how the server sends large transactions (on/off)
 max_retained_wal = "1GB"           # warn when the slot holds back more WAL than this
 # spool_dir = "/mnt/shared/spool"  # on a cluster: a directory every executor reads
+recover_lost_slot = false          # true: a lost slot is replaced and the targets reconciled
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
@@ -111,6 +112,9 @@ class PipelineConfig:
     on_error: dict[str, str] = field(default_factory=dict)
     #: Warn when the slot retains more WAL than this many bytes (None: never).
     max_retained_wal: int | None = 1024**3
+    #: When the slot is gone or invalidated while the targets hold data: copy the tables
+    #: under a new slot and reconcile the targets with them (else stop with a line).
+    recover_lost_slot: bool = False
     #: delta-rs storage options of the targets (object stores: credentials, region, ...).
     storage_options: dict[str, str] = field(default_factory=dict)
     #: Where the pipeline keeps its state (None: beside the targets, when they are local).
@@ -330,6 +334,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         target_path=target_path,
         tables=parsed_tables,
         create_slot=bool(source.get("create_slot", False)),
+        recover_lost_slot=bool(source.get("recover_lost_slot", False)),
         snapshot=bool(snapshot.get("enabled", True)),
         chunk_blocks=_positive(
             snapshot.get("chunk_blocks", DEFAULT_CHUNK_BLOCKS), "snapshot.chunk_blocks"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -156,6 +157,8 @@ class InitialCopy:
         self.progress: dict[str, TableProgress] = {}
         #: configured table -> its current name in the source (after a rename).
         self.source_names = source_names or {}
+        #: The copy in progress goes to staging tables (a resync).
+        self._staged = False
 
     # -- state -----------------------------------------------------------------------------
 
@@ -179,17 +182,21 @@ class InitialCopy:
 
     # -- running ---------------------------------------------------------------------------
 
-    def start_fresh(self) -> Lsn:
+    def start_fresh(self, *, resync: bool = False) -> Lsn:
         """Create the slot with an exported snapshot and copy everything as of its point.
 
         The state says "creating" before the slot exists, so a crash right after its creation
         leaves a record that the slot is the pipeline's own (`restart` drops it). A table
         rewritten between the snapshot and the copy's locks (`SnapshotGuard`) makes it
-        start again with a new slot."""
-        self._save({"status": "creating", "slot": self.slot})
+        start again with a new slot.
+
+        `resync`: the pipeline's slot was lost while the targets hold data: the copy goes to
+        staging tables, and each target is then reconciled with its table's
+        (`Target.reconcile`: only what differs changes), from where the new slot streams."""
+        self._save({"status": "creating", "slot": self.slot, "resync": resync})
         for attempt in range(_ATTEMPTS):
             try:
-                return self._copy_fresh()
+                return self._copy_fresh(resync)
             except TablesRewritten as exc:
                 with contextlib.suppress(SlotNotFound):
                     drop_slot(self.conninfo, self.slot, wait=True)
@@ -198,7 +205,7 @@ class InitialCopy:
                 log.info("copy starts again with a new snapshot: %s", exc)
         raise AssertionError("unreachable")
 
-    def _copy_fresh(self) -> Lsn:
+    def _copy_fresh(self, resync: bool) -> Lsn:
         with ReplicationConnection.connect(self.conninfo) as rconn:
             created = rconn.create_slot(self.slot, snapshot="export")
             assert created.snapshot_name is not None
@@ -213,10 +220,11 @@ class InitialCopy:
                     "status": "copying",
                     "slot": self.slot,
                     "point": str(point),
+                    "resync": resync,
                     "chunks": {t: [c.to_json() for c in cs] for t, cs in plans.items()},
                 }
                 self._save(state)
-                copied = self._copy(plans, created.snapshot_name, point)
+                copied = self._copy(plans, created.snapshot_name, point, staging=resync)
         self._finish(state, copied)
         return point
 
@@ -224,20 +232,42 @@ class InitialCopy:
         """A copy that did not finish (or never started after the slot was created): drop
         the pipeline's slot, empty the targets and copy everything again under a new slot's
         snapshot. Nothing was streamed before the copy finished, so nothing is lost."""
+        resync = bool((self._state() or {}).get("resync"))
         with contextlib.suppress(SlotNotFound):
             drop_slot(self.conninfo, self.slot, wait=True)
-        for targets in self.targets.values():
-            for target in targets:
-                target.clear()
-        return self.start_fresh()
+        if resync:  # the targets hold what the lost slot had brought: they stay
+            shutil.rmtree(self._staging_dir, ignore_errors=True)
+        else:
+            for targets in self.targets.values():
+                for target in targets:
+                    target.clear()
+        return self.start_fresh(resync=resync)
+
+    @property
+    def _staging_dir(self) -> Path:
+        return self.state_path.parent / "resync"
+
+    def _staging(self, table: str) -> Target:
+        """Where a resync copies `table` before its targets are reconciled with it."""
+        app_id = self.targets[table][0].app_id
+        return open_target(TargetSpec(str(self._staging_dir / table), "mirror"), app_id=app_id)
 
     def _finish(self, state: dict[str, Any], copied: set[str]) -> None:
-        """The copied tables' targets take over from the point; a table whose copy failed
-        stays without a watermark, for an online copy later (`copy_online`)."""
+        """The copied tables' targets take over from the point (after a resync, reconciled
+        with the copy first); a table whose copy failed stays without a watermark, for an
+        online copy later (`copy_online`)."""
         point = Lsn.parse(state["point"])
         for table in copied:
-            for target in self.targets[table]:
-                target.mark(int(point))
+            if state.get("resync"):
+                rows = self._staging(table).to_arrow()
+                relation, _ = catalog_relation(self.conninfo, self._source(table))
+                keys = [c.name for c in relation.columns if c.is_key]
+                for target in self.targets[table]:
+                    target.reconcile(rows, int(point), keys)
+            else:
+                for target in self.targets[table]:
+                    target.mark(int(point))
+        shutil.rmtree(self._staging_dir, ignore_errors=True)
         state["status"] = "done"
         self._save(state)
 
@@ -279,12 +309,16 @@ class InitialCopy:
         """The table's current name in the source (it may have been renamed)."""
         return self.source_names.get(table, table)
 
-    def _copy(self, plans: dict[str, list[Chunk]], snapshot: str, point: Lsn) -> set[str]:
-        """Copies every table's chunks, one Spark job per table, all at once; a table whose
-        copy fails is left out (its progress holds the error). The tables that succeeded."""
+    def _copy(
+        self, plans: dict[str, list[Chunk]], snapshot: str, point: Lsn, *, staging: bool = False
+    ) -> set[str]:
+        """Copies every table's chunks (into its targets, or its staging table), one Spark job
+        per table, all at once; a table whose copy fails is left out (its progress holds the
+        error). The tables that succeeded."""
         jobs: dict[str, list[_Task]] = {}
+        self._staged = staging
         for table, chunks in plans.items():
-            targets = self.targets[table]
+            targets = [self._staging(table)] if staging else self.targets[table]
             estimated = sum(c.estimated_rows for c in chunks)
             progress = TableProgress(table, len(chunks), estimated, int(point))
             self.progress[table] = progress
@@ -325,7 +359,8 @@ class InitialCopy:
 
     def _poll(self) -> None:
         for table, progress in self.progress.items():
-            copied = [t for t in self.targets[table] if t.mode != "changelog"]
+            targets = [self._staging(table)] if self._staged else self.targets[table]
+            copied = [t for t in targets if t.mode != "changelog"]
             if not copied:
                 continue
             done = copied[0].copied_chunks(progress.point)

@@ -36,7 +36,7 @@ from pgcdc.monitoring import (
 )
 from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
 from pgcdc.replication.options import StreamOptions
-from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, get_slot
+from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slot, get_slot
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.batch import (
     TableOutcome,
@@ -388,16 +388,34 @@ class Pipeline:
         status = copier.status if config.snapshot else None
         slot = _slot_or_none(config.conninfo, config.slot)
         watermarks = [t.watermark for ts in self.targets.values() for _, t in ts]
+        lost = slot is None or slot.invalidated
         if status in ("creating", "copying"):
             copier.restart()
-        elif slot is None and (status == "done" or any(w is not None for w in watermarks)):
+        elif lost and (status == "done" or any(w is not None for w in watermarks)):
             applied = max((w for w in watermarks if w is not None), default=None)
-            raise SlotLost(
-                f'replication slot "{config.slot}" is gone, but the targets hold changes up '
-                f"to commit LSN {Lsn(applied) if applied is not None else '?'}: the changes "
-                "since then cannot be streamed again; move the targets and the pipeline's "
-                f"state ({config.state_path}) away to copy everything anew"
+            if slot is None:
+                what = "is gone"
+            else:
+                reason = slot.invalidation_reason or f"wal_status {slot.wal_status}"
+                what = f"was invalidated ({reason})"
+            if not config.recover_lost_slot:
+                raise SlotLost(
+                    f'replication slot "{config.slot}" {what}, but the targets hold changes up '
+                    f"to commit LSN {Lsn(applied) if applied is not None else '?'}: the changes "
+                    "since then cannot be streamed again; set recover_lost_slot = true in "
+                    "[source] to copy the tables under a new slot and reconcile the targets "
+                    "with them (or move the targets and the pipeline's state "
+                    f"({config.state_path}) away to copy everything anew)"
+                )
+            log.warning(
+                "replication slot %s %s: copying every table under a new slot and "
+                "reconciling the targets with it",
+                config.slot,
+                what,
             )
+            if slot is not None:
+                drop_slot(config.conninfo, config.slot, wait=True)
+            copier.start_fresh(resync=True)
         elif slot is None and config.create_slot and config.snapshot:
             copier.start_fresh()
         if not config.snapshot:

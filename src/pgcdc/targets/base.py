@@ -11,7 +11,7 @@ business: a path or a URI (``s3://``, ``abfss://``, ``gs://``) with `storage_opt
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -127,6 +127,12 @@ class Target(ABC):
     @abstractmethod
     def copied_chunks(self, point: int) -> dict[str, int]:
         """Chunk id -> rows, of the copy at `point`, that the table holds."""
+
+    @abstractmethod
+    def reconcile(self, rows: pa.Table, point: int, keys: Sequence[str]) -> None:
+        """Make the table equal `rows` (the source table at `point`, after the slot was
+        lost), changing only what differs; the watermark becomes `point`. `keys`: the
+        table's key (none: rows are compared whole, as a multiset)."""
 
     @abstractmethod
     def mark(self, watermark: int) -> None:

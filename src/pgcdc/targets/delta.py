@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 
-from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, Shape
+from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.targets.added_columns import (
@@ -96,6 +96,7 @@ from pgcdc.targets.fold import (
     fold_multiset,
     segments,
 )
+from pgcdc.targets.reconcile import diff_by_key, diff_multiset
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
@@ -480,6 +481,155 @@ class DeltaTarget(Target):
         if version and version % CHECKPOINT_EVERY == 0:
             table.create_checkpoint()
             table.cleanup_metadata()
+
+    def reconcile(self, rows: pa.Table, point: int, keys: Sequence[str]) -> None:
+        """Make the table equal `rows`, the source table at `point` (typed rows from a copy
+        under a new slot's snapshot, after the old slot was lost), changing only what
+        differs (`pgcdc.targets.reconcile`), in one commit that records `point` as the
+        watermark. A mirror upserts the rows that differ or are missing and deletes the
+        ones the source no longer has; a history ends the current versions of those and
+        opens new ones, at `point`. `keys`: the table's key (none: whole rows, counted)."""
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, point)])
+        table = self._open()
+        if table is None or self.mode == "changelog":  # a change log cannot know what it missed
+            if table is not None:
+                self._mark(table, commit)
+            return
+        current = self._schema(table)
+        names = rows.column_names
+        schema = pa.schema(
+            [*current] + [rows.schema.field(n) for n in names if n not in current.names]
+        )
+        data = self.to_arrow()
+        if self.mode == "history":
+            data = data.filter(pc.is_null(data.column(END_AT)))
+        written = (
+            self._reconcile_keyed(table, data, rows, keys, schema, point, commit)
+            if keys
+            else self._reconcile_multiset(table, data, rows, schema, point, commit)
+        )
+        if not written:
+            self._mark(self._load(), commit)
+
+    def _reconcile_keyed(
+        self,
+        table: DeltaTable,
+        data: pa.Table,
+        rows: pa.Table,
+        keys: Sequence[str],
+        schema: pa.Schema,
+        point: int,
+        commit: CommitProperties,
+    ) -> bool:
+        diff = diff_by_key(data, rows, keys)
+        if diff.empty:
+            return False
+        match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+        if self.mode == "mirror":
+            source = pa.concat_tables(
+                [
+                    _with_action(_conform(diff.inserts, _data_schema(schema)), "upsert"),
+                    _with_action(_conform(diff.updates, _data_schema(schema)), "upsert"),
+                    _with_action(_conform(diff.deletes, _data_schema(schema)), "delete"),
+                ]
+            )
+            shape = Shape("", "", 0, "d", tuple(ColumnInfo(k, 0, -1, True) for k in keys))
+            return self._merge_mirror(table, shape, source, _data_schema(schema), commit)
+        ended = pa.concat_tables([diff.updates.select(list(keys)), diff.deletes])
+        opened = pa.concat_tables([diff.updates, diff.inserts])
+        closes = _conform(ended, _data_schema(schema))
+        closes = closes.append_column(START_AT, pa.nulls(len(closes), SEQUENCE_TYPE))
+        # ended at (point, 0), before the new versions (point, 1…) start: no overlap
+        closes = closes.append_column(
+            END_AT, pa.repeat(pa.scalar(_seq((point, 0)), SEQUENCE_TYPE), len(closes))
+        )
+        opens = _conform(opened, _data_schema(schema))
+        opens = opens.append_column(START_AT, _sequences(point, 1, len(opens)))
+        opens = opens.append_column(END_AT, pa.nulls(len(opens), SEQUENCE_TYPE))
+        source = pa.concat_tables([_with_action(closes, "close"), _with_action(opens, "insert")])
+        return self._merge_versions(table, source, match, schema, commit)
+
+    def _reconcile_multiset(
+        self,
+        table: DeltaTable,
+        data: pa.Table,
+        rows: pa.Table,
+        schema: pa.Schema,
+        point: int,
+        commit: CommitProperties,
+    ) -> bool:
+        diff = diff_multiset(data, rows)
+        if diff.empty:
+            return False
+        if self.mode == "mirror":
+            write_deltalake(
+                table,
+                _conform(rows, schema),
+                mode="overwrite",
+                schema_mode="merge",
+                commit_properties=commit,
+            )
+            return True
+        names = rows.column_names
+        values = data.select(names).to_pylist()
+        starts = data.column(START_AT).to_pylist()
+        copies: dict[Any, list[int]] = {}
+        for i, row in enumerate(values):
+            copies.setdefault(_hashable(tuple(row.values())), []).append(i)
+        removed = [copies[_hashable(tuple(values[i].values()))] for i in diff.surplus]
+        again: list[int] = []
+        ends: list[dict[str, int] | None] = []
+        for at, count in zip(removed, diff.surplus.values(), strict=True):
+            at.sort(key=lambda i: (starts[i]["commit_lsn"], starts[i]["ordinal"]))
+            again += at  # every current copy goes, and comes back: the oldest `count` ended
+            ends += [_seq((point, 0))] * count + [None] * (len(at) - count)
+        kept = _conform(data.take(pa.array(again, pa.int64())), schema)
+        kept = _with_column(kept, END_AT, pa.array(ends, SEQUENCE_TYPE))
+        matches = data.select(names).take(pa.array(list(diff.surplus), pa.int64()))
+        matches = _conform(matches, schema)
+        added = _conform(diff.additions, _data_schema(schema))
+        added = added.append_column(START_AT, _sequences(point, 1, len(added)))
+        added = added.append_column(END_AT, pa.nulls(len(added), SEQUENCE_TYPE))
+        source = pa.concat_tables(
+            [
+                _with_action(matches, "close"),
+                _with_action(kept, "insert"),
+                _with_action(_conform(added, schema), "insert"),
+            ]
+        )
+        match = " AND ".join(f"(t.{_q(n)} IS NOT DISTINCT FROM s.{_q(n)})" for n in names)
+        return self._merge_versions(table, source, match, schema, commit, replace=True)
+
+    def _merge_versions(
+        self,
+        table: DeltaTable,
+        source: pa.Table,
+        match: str,
+        schema: pa.Schema,
+        commit: CommitProperties,
+        *,
+        replace: bool = False,
+    ) -> bool:
+        """One MERGE into a history: "close" rows end (or, `replace`, delete: the copies are
+        inserted again) the current versions they match; "insert" rows are added."""
+        action = f"s.{_q(ACTION)}"
+        predicate = f"{match} AND t.{_q(END_AT)} IS NULL AND {action} = 'close'"
+        merger = table.merge(
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            merge_schema=not set(schema.names) <= set(self._schema(table).names),
+            commit_properties=commit,
+        )
+        if replace:
+            merger = merger.when_matched_delete()
+        else:
+            merger = merger.when_matched_update({_q(END_AT): f"s.{_q(END_AT)}"})
+        merger.when_not_matched_insert(
+            {_q(n): f"s.{_q(n)}" for n in schema.names}, predicate=f"{action} = 'insert'"
+        ).execute()
+        return True
 
     def copied_chunks(self, point: int) -> dict[str, int]:
         table = self._open()
@@ -1141,6 +1291,20 @@ def _tuple(image: Image, shape: Shape) -> TupleData:
 
 def _seq(seq: Seq | None) -> dict[str, int] | None:
     return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
+
+
+def _with_action(table: pa.Table, action: str) -> pa.Table:
+    return table.append_column(ACTION, pa.repeat(pa.scalar(action), len(table)))
+
+
+def _data_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` without a history's version columns."""
+    return pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
+
+
+def _sequences(point: int, first: int, count: int) -> pa.Array:
+    """(point, first), (point, first + 1), … as sequence structs."""
+    return pa.array([_seq((point, first + i)) for i in range(count)], SEQUENCE_TYPE)
 
 
 def _with_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:

@@ -12,6 +12,7 @@ streaming = "on"                   # how the server sends large transactions (on
 max_retained_wal = "1GB"           # warn when the slot holds back more WAL than this
 # spool_dir = "/mnt/shared/spool"  # on a cluster: a directory every executor reads
 recover_lost_slot = false          # true: a lost slot is replaced and the targets reconciled
+failover = false                   # true: a failover slot (PostgreSQL 17+, synced to a standby)
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
@@ -115,6 +116,9 @@ class PipelineConfig:
     #: When the slot is gone or invalidated while the targets hold data: copy the tables
     #: under a new slot and reconcile the targets with them (else stop with a line).
     recover_lost_slot: bool = False
+    #: Create the slot as a failover slot (PostgreSQL 17+: a standby with
+    #: sync_replication_slots keeps a copy, so the pipeline goes on after a promotion).
+    failover: bool = False
     #: delta-rs storage options of the targets (object stores: credentials, region, ...).
     storage_options: dict[str, str] = field(default_factory=dict)
     #: Where the pipeline keeps its state (None: beside the targets, when they are local).
@@ -335,6 +339,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         tables=parsed_tables,
         create_slot=bool(source.get("create_slot", False)),
         recover_lost_slot=bool(source.get("recover_lost_slot", False)),
+        failover=bool(source.get("failover", False)),
         snapshot=bool(snapshot.get("enabled", True)),
         chunk_blocks=_positive(
             snapshot.get("chunk_blocks", DEFAULT_CHUNK_BLOCKS), "snapshot.chunk_blocks"

@@ -146,6 +146,7 @@ class InitialCopy:
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
         on_progress: Callable[[dict[str, TableProgress]], None] | None = None,
         source_names: dict[str, str] | None = None,
+        failover: bool = False,
     ) -> None:
         self.spark = spark
         self.conninfo = conninfo
@@ -159,6 +160,8 @@ class InitialCopy:
         self.source_names = source_names or {}
         #: The copy in progress goes to staging tables (a resync).
         self._staged = False
+        #: The pipeline's slot is a failover slot.
+        self.failover = failover
 
     # -- state -----------------------------------------------------------------------------
 
@@ -207,7 +210,7 @@ class InitialCopy:
 
     def _copy_fresh(self, resync: bool) -> Lsn:
         with ReplicationConnection.connect(self.conninfo) as rconn:
-            created = rconn.create_slot(self.slot, snapshot="export")
+            created = rconn.create_slot(self.slot, snapshot="export", failover=self.failover)
             assert created.snapshot_name is not None
             point = created.consistent_point
             sources = [self._source(t) for t in self.targets]

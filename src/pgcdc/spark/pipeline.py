@@ -363,6 +363,7 @@ class Pipeline:
             chunk_blocks=config.chunk_blocks,
             on_progress=progress,
             source_names=self.bind().current_names,
+            failover=config.failover,
         )
 
     def _check_slot(self) -> None:
@@ -483,7 +484,8 @@ class Pipeline:
         config = self.config
         options = config.source_options
         if _slot_or_none(config.conninfo, config.slot) is None:
-            create_slot(config.conninfo, config.slot)  # create_slot = true, no copy wanted
+            # create_slot = true, no copy wanted
+            create_slot(config.conninfo, config.slot, failover=config.failover)
         streaming = config.streaming or options.get("streaming")
         if streaming is None:
             version = int(self.catalog.query("SHOW server_version_num")[0][0])

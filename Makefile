@@ -20,6 +20,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

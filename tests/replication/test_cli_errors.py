@@ -161,6 +161,12 @@ SERVER_CASES = {
     "recopy: a table entry of the wrong type": case(
         "recopy", "{config}.wrong_type", "public.t", needles="modes must be among"
     ),
+    "status: a table entry of the wrong type": case(
+        "status", "{config}.wrong_type", needles="modes must be among"
+    ),
+    "status: no such slot": case(
+        "status", "-d", "{dsn}", "-S", "nosuch_slot", needles='"nosuch_slot" does not exist'
+    ),
 }
 
 #: Pipeline configurations (`{config}.<name>`), written as bytes (one is not UTF-8).
@@ -210,6 +216,10 @@ USAGE_CASES = {
     ),
     "run: no such file": case("run", "{tmp}/nosuch.toml", needles="does not exist", status=2),
     "recopy: a directory": case("recopy", "{tmp}", "public.t", needles="is a directory", status=2),
+    "status: neither pipeline nor slot": case(
+        "status", needles="give PIPELINE.toml or -S SLOT", status=2
+    ),
+    "status: no such file": case("status", "{tmp}/nosuch.toml", needles="does not exist", status=2),
     "demo: an extra argument": case("demo", "now", needles="unexpected extra argument", status=2),
 }
 

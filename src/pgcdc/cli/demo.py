@@ -4,8 +4,8 @@ An embedded PostgreSQL runs a shop's workload (inserts, updates that leave a TOA
 unchanged, primary-key changes, deletes, a TRUNCATE, interleaved transactions, a rolled-back
 one and a rolled-back savepoint); a local Spark reads the slot with the ``pgoutput`` source and
 applies it to Delta mirror and history tables. A second round of workload follows and the
-pipeline resumes from its checkpoint. The demo ends with a row-by-row verdict of every target
-against its source table, and a query of the result through Spark SQL; it exits with status 1
+pipeline resumes from the targets' watermarks. The demo ends with a row-by-row verdict of every
+target against its source table, and a query of the result through Spark SQL; it exits with status 1
 unless every target is identical.
 """
 
@@ -483,7 +483,7 @@ def _demo(
         spark = spark_starting.get()
         console.print(
             f"  Spark {spark.version} {spark.sparkContext.master}, trigger available-now, "
-            f"checkpoint {Path(config.checkpoint_path).relative_to(lake)} in the lake"
+            f"pipeline state in {Path(config.state_path).relative_to(lake)}"
         )
         with _timed(console, "round 1 applied"):
             pipeline, stats, _ = _run_pipeline(config, spark, console)
@@ -510,8 +510,7 @@ def _demo(
         workload.close()
 
     console.print(
-        "\n[bold cyan]5. Pipeline, round 2[/]: the same checkpoint, so it goes on where round 1 "
-        "stopped"
+        "\n[bold cyan]5. Pipeline, round 2[/]: each target's watermark says where round 1 stopped"
     )
     watermark = pipeline.targets["public.customers"][0][1].watermark
     console.print(

@@ -270,7 +270,8 @@ def _target_section(config: Any, now: datetime) -> Section:
     """Each target's watermark, rows and last commit (from the table's metadata)."""
     from pgcdc.targets import open_target
 
-    rows, data = [], {}
+    rows: list[tuple[str, str]] = []
+    data: dict[str, dict[str, object]] = {}
     for spec in config.targets():
         name = f"{spec.table} {spec.mode}"
         found = open_target(spec.spec, app_id=config.app_id).state()

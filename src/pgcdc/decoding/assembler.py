@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pgcdc.decoding.context import DecodingContext
 from pgcdc.decoding.model import Change, ChangeAction, Transaction, Truncation
@@ -334,10 +336,11 @@ class TransactionAssembler:
             self.plugin.stream_commit(self.ctx, txn, message.commit_lsn)
             self.stats.transactions += 1
         elif held is not None:
+            buffer = cast(SpillBuffer, held.buffer)
             try:
-                self._replay(txn, held.buffer, prepared=False)
+                self._replay(txn, buffer, prepared=False)
             finally:
-                held.buffer.close()
+                buffer.close()
             self.plugin.commit(self.ctx, txn, message.commit_lsn)
             self.stats.transactions += 1
         elif self.caps.two_phase and self.ctx.two_phase:
@@ -359,7 +362,7 @@ class TransactionAssembler:
             self.ctx.write_xid = held.txn.xid
             self.plugin.stream_abort(self.ctx, held.txn, None)
         elif held is not None:
-            held.buffer.close()
+            cast(SpillBuffer, held.buffer).close()
         elif self.caps.two_phase and self.ctx.two_phase:
             txn = Transaction(
                 message.xid,
@@ -398,14 +401,15 @@ class TransactionAssembler:
                 message.xid,
             )
         else:
+            delete = cast(Delete, message)
             change = Change(
                 ChangeAction.DELETE,
                 relation,
                 None,
-                message.old,
-                message.old_kind,
+                delete.old,
+                delete.old_kind,
                 lsn,
-                message.xid,
+                delete.xid,
             )
         self._entry(_CHANGE, change, message.xid, _change_size(message))
 
@@ -611,7 +615,7 @@ class TransactionAssembler:
         self._open = None
 
 
-def _change_size(message: Insert | Update | Delete) -> int:
+def _change_size(message: Insert | Update | Delete | UndecodedChange) -> int:
     """Approximate memory of a buffered change: Python objects plus the values."""
     size = 200
     for row in (getattr(message, "old", None), getattr(message, "new", None)):
@@ -620,7 +624,7 @@ def _change_size(message: Insert | Update | Delete) -> int:
     return size
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[TransactionAssembler, Any, Lsn | None], Lsn | None]] = {
     Begin: TransactionAssembler._begin,
     BeginPrepare: TransactionAssembler._begin_prepare,
     Origin: TransactionAssembler._origin,

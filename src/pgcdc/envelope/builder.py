@@ -244,8 +244,8 @@ class _GroupColumns:
             **_relation_columns(relation, rows),
             **_images(relation, buffers),
         }
-        names = ("truncate_cascade", "truncate_restart_identity", "message_prefix")
-        names += ("message_content", "message_transactional")
+        names: tuple[str, ...] = ("truncate_cascade", "truncate_restart_identity")
+        names += ("message_prefix", "message_content", "message_transactional")
         columns.update({n: pa.nulls(rows, ENVELOPE_ARROW_SCHEMA.field(n).type) for n in names})
         return cls(rows, columns)
 
@@ -267,7 +267,7 @@ class _GroupColumns:
         }
         described: list[dict[str, pa.Array]] = []
         for i, (_, op, _, relation, extras) in enumerate(others):
-            fields = ("truncate_cascade", "truncate_restart_identity")
+            fields: tuple[str, ...] = ("truncate_cascade", "truncate_restart_identity")
             if op == _MESSAGE:
                 fields = ("message_prefix", "message_content", "message_transactional")
             for name, value in zip(fields, extras, strict=True):

@@ -130,18 +130,19 @@ class PyRowColumns:
         """Decode one message into the buffers: (op, old kind), or None (nothing kept)."""
         if end - start < 6 or _u32(buf, start + 1)[0] != self.relid:
             return None
-        code, marker, pos = buf[start], buf[start + 5], start + 5
+        code, marker = buf[start], buf[start + 5]
+        pos: int | None = start + 5
         if code == 0x49:  # I
             if marker != 0x4E:
                 return None
-            pos = self._tuple(0, buf, pos + 1, end)
+            pos = self._tuple(0, buf, start + 6, end)
             self._absent(1)
             op, old_kind = OP_INSERT, 0
         elif code in (0x55, 0x44):  # U, D
             op, old_kind = (OP_UPDATE if code == 0x55 else OP_DELETE), 0
             if marker in (0x4B, 0x4F):  # K, O
                 old_kind = marker
-                pos = self._tuple(1, buf, pos + 1, end)
+                pos = self._tuple(1, buf, start + 6, end)
             elif code == 0x44:
                 return None
             else:
@@ -196,7 +197,7 @@ class PyRowColumns:
 def row_columns(relid: int, ncols: int) -> RowColumnsLike:
     """A collector of `relid`'s change frames (the C one when it is built)."""
     if SPEEDUPS is not None:
-        return SPEEDUPS.RowColumns(relid, ncols)  # type: ignore[no-any-return]
+        return SPEEDUPS.RowColumns(relid, ncols)  # type: ignore[no-any-return,unused-ignore]
     return PyRowColumns(relid, ncols)
 
 

@@ -224,7 +224,7 @@ class Acknowledgement:
         elif (
             kind is StreamCommit
             or kind is StreamPrepare
-            or (kind is StreamAbort and message.is_toplevel)
+            or (kind is StreamAbort and message.is_toplevel)  # type: ignore[attr-defined]
         ):
             self.open_streams.discard(message.xid)  # type: ignore[attr-defined]
         end = end_lsn_of(message)
@@ -294,18 +294,18 @@ class Acknowledgement:
         resume = self.resume
         kind = type(message)
         if kind is Begin:
-            return message.final_lsn < resume  # type: ignore[attr-defined,no-any-return]
+            return message.final_lsn < resume  # type: ignore[attr-defined]
         if kind is BeginPrepare:
             return (
                 message.prepare_lsn < resume  # type: ignore[attr-defined]
                 and message.gid not in self.holds  # type: ignore[attr-defined]
             )
         if kind is StreamCommit:
-            return message.commit_lsn < resume  # type: ignore[attr-defined,no-any-return]
+            return message.commit_lsn < resume  # type: ignore[attr-defined]
         if kind is CommitPrepared:
-            return message.end_lsn <= resume  # type: ignore[attr-defined,no-any-return]
+            return message.end_lsn <= resume  # type: ignore[attr-defined]
         if kind is RollbackPrepared:
-            return message.rollback_end_lsn <= resume  # type: ignore[attr-defined,no-any-return]
+            return message.rollback_end_lsn <= resume  # type: ignore[attr-defined]
         return False
 
     def skip_delivered(

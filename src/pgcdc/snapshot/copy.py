@@ -22,7 +22,7 @@ stops early (an error, or the caller closing the generator).
 from __future__ import annotations
 
 import selectors
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import psycopg
@@ -101,7 +101,7 @@ def _check_session(conn: psycopg.Connection[Any]) -> None:
 
 def _pieces(
     conn: psycopg.Connection[Any], query: Any, batch_rows: int, piece_bytes: int
-) -> Iterator[tuple[bytearray, int]]:
+) -> Generator[tuple[bytearray, int], None, None]:
     """The COPY's output in pieces of whole rows: (CSV bytes, row count).
 
     The server sends one CopyData message per row; libpq's buffered ones are drained with

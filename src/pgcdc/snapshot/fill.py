@@ -70,7 +70,7 @@ class SourceFills:
                 sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
                 sql.SQL(table),  # regclass::text: quoted as needed
             )
-            values = list(zip(*conn.execute(query).fetchall(), strict=True)) or [[]] * len(names)
+            values = list(zip(*conn.execute(query).fetchall(), strict=True)) or [()] * len(names)
         columns = [*shape.key_names, FILL_VALUE]
         return ColumnFill(
             rows=pa.table(

@@ -111,7 +111,8 @@ def bind_tables(
                 raise PublicationNotFound(f'publication "{pub}" does not exist')
         published = {r[0] for r in conn.execute(_PUBLISHED, (pubs,))}
         for table in tables:
-            now = conn.execute(_RESOLVE, (_quoted(table),)).fetchone()[0]
+            resolved = conn.execute(_RESOLVE, (_quoted(table),)).fetchone()
+            now = resolved[0] if resolved is not None else None
             oid = recorded.get(table)
             if oid is None:
                 if now is None:

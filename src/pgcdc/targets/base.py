@@ -14,13 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from pgcdc.envelope import SEQUENCE_TYPE
 from pgcdc.protocol import Relation
-from pgcdc.types.registry import TypeRegistry
+from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
 __all__ = [
     "END_AT",
@@ -161,7 +161,7 @@ def open_target(
     app_id: str,
     registry: TypeRegistry | None = None,
     source: str | None = None,
-    **options: object,
+    **options: Any,
 ) -> Target:
     """The target `spec` names (the factory of every format)."""
     if spec.format != "delta":
@@ -174,8 +174,8 @@ def open_target(
         app_id=app_id,
         storage_options=dict(spec.storage_options) if spec.storage_options else None,
         source=source,
-        **({"registry": registry} if registry is not None else {}),
-        **options,  # type: ignore[arg-type]
+        registry=registry or DEFAULT_REGISTRY,
+        **options,
     )
 
 

@@ -325,7 +325,7 @@ class DeltaTarget(Target):
         started = time.perf_counter()
         self._builders.clear()
         self._batch_fills.clear()
-        self._writing_since: float | None = None
+        self._writing_since = None
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
         total = rows.num_rows
@@ -404,9 +404,9 @@ class DeltaTarget(Target):
             self._rewrite(table, schema, before)
         upserts = deletes = 0
         for i, (plan, data, run) in enumerate(zip(plans, typed, runs, strict=True)):
-            last = i == len(plans) - 1
+            final = i == len(plans) - 1
             table = self._load()
-            props = commit if last else self._partial_commit(run[-1].seq)
+            props = commit if final else self._partial_commit(run[-1].seq)
             if isinstance(plan, MultisetPlan):
                 written = self._write_multiset(table, plan, data, schema, props)
                 upserts += len(plan.versions)
@@ -903,7 +903,8 @@ class DeltaTarget(Target):
         if isinstance(plan, MultisetPlan):
             images = [v.image for v in plan.versions] + [plan.images[k] for k in plan.removals]
             typed = self._type(images, data)
-            starts = [_seq(v.start) for v in plan.versions] + [None] * len(plan.removals)
+            starts: list[dict[str, int] | None] = [_seq(v.start) for v in plan.versions]
+            starts += [None] * len(plan.removals)
             ends = [_seq(v.end) for v in plan.versions] + [None] * len(plan.removals)
             typed = typed.append_column(START_AT, pa.array(starts, SEQUENCE_TYPE))
             return typed.append_column(END_AT, pa.array(ends, SEQUENCE_TYPE))
@@ -915,7 +916,8 @@ class DeltaTarget(Target):
         closes = list(plan.closes.values())
         images = [image for _, image in closes] + [v.image for v in plan.versions]
         typed = self._type(images, data)
-        starts = [None] * len(closes) + [_seq(v.start) for v in plan.versions]
+        starts = [None] * len(closes)
+        starts += [_seq(v.start) for v in plan.versions]
         ends = [_seq(seq) for seq, _ in closes] + [_seq(v.end) for v in plan.versions]
         actions = ["close"] * len(closes) + ["insert"] * len(plan.versions)
         typed = typed.append_column(START_AT, pa.array(starts, SEQUENCE_TYPE))

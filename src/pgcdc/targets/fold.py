@@ -313,9 +313,9 @@ def fold_mirror(changes: Iterable[Change]) -> MirrorPlan:
             old = _identity(change)
             state[old] = None
             removed[old] = _key_image(change.key, change)
-    for key, image in state.items():
-        if image is not None:
-            plan.upserts[key] = image
+    for key, final in state.items():
+        if final is not None:
+            plan.upserts[key] = final
         elif not plan.truncated:  # after a truncation the table holds only the upserts
             plan.deletes[key] = removed[key]
     return plan

@@ -88,7 +88,7 @@ def diff_multiset(current: pa.Table, wanted: pa.Table) -> MultisetDiff:
     have = Counter(have_rows)
     want_rows = [_hashable(tuple(r[n] for n in names)) for r in wanted.to_pylist()]
     want = Counter(want_rows)
-    first = {}
+    first: dict[object, int] = {}
     for i, row in enumerate(have_rows):
         first.setdefault(row, i)
     surplus = {first[row]: have[row] - want[row] for row in have if have[row] > want[row]}

@@ -105,7 +105,9 @@ def test_bad_input_is_one_line(pg: Database, tmp_path: Path) -> None:
         "expected a size",
         status=2,
     )
-    assert_one_error_line(run_cli("status", "-d", pg.dsn), "give PIPELINE.toml or -S SLOT", status=2)
+    assert_one_error_line(
+        run_cli("status", "-d", pg.dsn), "give PIPELINE.toml or -S SLOT", status=2
+    )
     assert_one_error_line(
         run_cli("status", "-d", pg.dsn, "-S", slot, "--standby", pg.dsn),
         "the server given as the standby is not in recovery",

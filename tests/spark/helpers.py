@@ -64,7 +64,7 @@ def pipeline_config(
             "conninfo": db.dsn,
             "publication": publication,
             "slot": slot,
-            "options": {"statusInterval": "1"},
+            "status_interval": 1,
         },
         "target": {"path": str(lake)},
         "trigger": {"available_now": True, **trigger},

@@ -79,6 +79,26 @@ def test_sizes(value: Any, expected: int) -> None:
         ({"target": {"path": "l", "state": 3}}, "target.state must be a directory"),
         ({"target": {"path": "l", "storage_options": "x"}}, "[storage_options] must be a table"),
         ({"source": {**BASE["source"], "spool_dir": ""}}, "source.spool_dir must be a directory"),
+        # what a new user types: a misspelt key, a section that does not exist, a string flag
+        ({"trigger": {"intervall": 1}}, "unknown key 'intervall' in [trigger]; did you mean 'i"),
+        ({"source": {**BASE["source"], "slot_name": "s"}}, "unknown key 'slot_name' in [source]"),
+        ({"targets": {"path": "l"}}, "unknown key 'targets' in the top level; did you mean 't"),
+        ({"metrics": {"prot": 1}}, "unknown key 'prot' in [metrics]; did you mean 'port'?"),
+        ({"snapshot": {"chunks": 1}}, "unknown key 'chunks' in [snapshot]; did you mean"),
+        (
+            {"source": {**BASE["source"], "create_slot": "false"}},
+            "source.create_slot must be true or false (got 'false')",
+        ),
+        ({"trigger": {"available_now": 1}}, "trigger.available_now must be true or false"),
+        ({"snapshot": {"enabled": "no"}}, "snapshot.enabled must be true or false"),
+        (
+            {"source": {**BASE["source"], "streaming": "yes"}},
+            "source.streaming must be one of on, off, parallel (got 'yes')",
+        ),
+        (
+            {"source": {**BASE["source"], "status_interval": "often"}},
+            "source.status_interval must be a time",
+        ),
     ],
 )
 def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None:

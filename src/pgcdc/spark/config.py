@@ -13,6 +13,7 @@ max_retained_wal = "1GB"           # warn when the slot holds back more WAL than
 # spool_dir = "/mnt/shared/spool"  # on a cluster: a directory every executor reads
 recover_lost_slot = false          # true: a lost slot is replaced and the targets reconciled
 failover = false                   # true: a failover slot (PostgreSQL 17+, synced to a standby)
+status_interval = 10               # seconds between status updates to the server (at most)
 
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
@@ -58,6 +59,7 @@ the table anew and applies the logged changes after the copy.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,7 +110,8 @@ class PipelineConfig:
     available_now: bool = False
     interval_seconds: float = 0.5
     max_changes_per_batch: int | None = 1_000_000
-    source_options: dict[str, str] = field(default_factory=dict)
+    #: Seconds between standby status updates when nothing else makes one due.
+    status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
     on_error: dict[str, str] = field(default_factory=dict)
     #: Warn when the slot retains more WAL than this many bytes (None: never).
@@ -164,10 +167,53 @@ def join_path(base: str, name: str) -> str:
     return str(Path(base) / name)
 
 
+#: Every key the configuration knows, per section ("" is the top level): a misspelt key is
+#: an error, not a setting silently left at its default.
+KEYS = {
+    "": ("name", "source", "target", "snapshot", "trigger", "metrics", "tables"),
+    "source": (
+        "conninfo",
+        "publication",
+        "slot",
+        "create_slot",
+        "streaming",
+        "max_retained_wal",
+        "spool_dir",
+        "recover_lost_slot",
+        "failover",
+        "status_interval",
+    ),
+    "snapshot": ("enabled", "chunk_blocks"),
+    "target": ("path", "on_error", "state", "storage_options"),
+    "trigger": ("available_now", "interval", "max_changes_per_batch"),
+    "metrics": ("port", "host"),
+}
+STREAMING = ("on", "off", "parallel")
+
+
+def _check_keys(section: Mapping[str, Any], name: str) -> None:
+    known = KEYS[name]
+    for key in section:
+        if key not in known:
+            where = f"[{name}]" if name else "the top level"
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+            raise ConfigError(f"unknown key {key!r} in {where}{hint}")
+
+
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
     value = data.get(name, {})
     if not isinstance(value, dict):
         raise ConfigError(f"[{name}] must be a table")
+    if name in KEYS:
+        _check_keys(value, name)
+    return value
+
+
+def _flag(section: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key} must be true or false (got {value!r})")
     return value
 
 
@@ -301,6 +347,7 @@ def _conninfo(value: str) -> str:
 
 
 def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
+    _check_keys(data, "")
     source = _section(data, "source")
     target = _section(data, "target")
     trigger = _section(data, "trigger")
@@ -327,6 +374,11 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
             "mounted) directory for the pipeline's state"
         )
     storage = _section(target, "storage_options")
+    streaming = source.get("streaming")
+    if streaming is not None and streaming not in STREAMING:
+        raise ConfigError(
+            f"source.streaming must be one of {', '.join(STREAMING)} (got {streaming!r})"
+        )
     max_changes = trigger.get("max_changes_per_batch", 1_000_000)
     if max_changes is not None:
         max_changes = _positive(max_changes, "trigger.max_changes_per_batch")
@@ -337,18 +389,18 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         slot=_required(source, "slot", "source"),
         target_path=target_path,
         tables=parsed_tables,
-        create_slot=bool(source.get("create_slot", False)),
-        recover_lost_slot=bool(source.get("recover_lost_slot", False)),
-        failover=bool(source.get("failover", False)),
-        snapshot=bool(snapshot.get("enabled", True)),
+        create_slot=_flag(source, "create_slot", "source", False),
+        recover_lost_slot=_flag(source, "recover_lost_slot", "source", False),
+        failover=_flag(source, "failover", "source", False),
+        snapshot=_flag(snapshot, "enabled", "snapshot", True),
         chunk_blocks=_positive(
             snapshot.get("chunk_blocks", DEFAULT_CHUNK_BLOCKS), "snapshot.chunk_blocks"
         ),
-        streaming=source.get("streaming"),
-        available_now=bool(trigger.get("available_now", False)),
+        streaming=streaming,
+        available_now=_flag(trigger, "available_now", "trigger", False),
         interval_seconds=parse_interval(trigger.get("interval", 0.5), "trigger.interval"),
         max_changes_per_batch=max_changes,
-        source_options={str(k): str(v) for k, v in _section(source, "options").items()},
+        status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,
         max_retained_wal=None
         if max_wal is False

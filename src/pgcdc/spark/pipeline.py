@@ -482,22 +482,21 @@ class Pipeline:
     def _session(self) -> Spooler:
         """The replication session, spooling from the slot's confirmed position."""
         config = self.config
-        options = config.source_options
         if _slot_or_none(config.conninfo, config.slot) is None:
             # create_slot = true, no copy wanted
             create_slot(config.conninfo, config.slot, failover=config.failover)
-        streaming = config.streaming or options.get("streaming")
+        streaming = config.streaming
         if streaming is None:
             version = int(self.catalog.query("SHOW server_version_num")[0][0])
             streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
-        directory = config.spool_dir or options.get("spoolDir") or default_spool_dir(config.slot)
+        directory = config.spool_dir or default_spool_dir(config.slot)
         return Spooler(
             config.conninfo,
             config.slot,
             StreamOptions(tuple(p.strip() for p in config.publication.split(",") if p.strip())),
             Spool(directory),
             streaming=StreamingMode(streaming),
-            status_interval=float(options.get("statusInterval", 10.0)),
+            status_interval=config.status_interval,
         ).start()
 
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:

@@ -31,7 +31,9 @@ identity (REPLICA IDENTITY NOTHING) only accept inserts, which are appended.
 Schema changes (each change's ``columns`` describe the relation as of that change), applied
 in sequence order, batch by batch:
 
-* an added column is added to the table (MERGE with schema merge); older rows hold NULL;
+* an added column is added to the table, and the rows written before get the value the
+  source has in them (its default, or per key what the source table holds: a `FillSource`,
+  see `pgcdc.targets.added_columns`); without a `FillSource` they hold NULL;
 * a dropped column stays; rows written afterwards hold NULL in it;
 * a type change to the same Arrow type changes nothing; a lossless widening (int16 → int32 →
   int64, float32 → float64, decimal(p,s) → decimal(p',s) with p' ≥ p, and arrays of those)

@@ -11,10 +11,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from pgcdc.envelope import ColumnInfo, Shape
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
-from pgcdc.targets.added_columns import ColumnFill
+from pgcdc.targets.added_columns import ColumnFill, added_columns
 from pgcdc.types.mapping import MappingOptions
 
 from .envelopes import (
@@ -163,7 +164,7 @@ def constant(value: str | None) -> Any:
     """A fill source that answers one value (what the catalog's missing value gives)."""
     asked: list[tuple[str, str]] = []
 
-    def fills(shape: Any, column: str) -> ColumnFill:
+    def fills(shape: Any, column: str, *, appended: bool) -> ColumnFill:
         asked.append((shape.name, column))
         return ColumnFill(text=value)
 
@@ -208,7 +209,7 @@ def test_an_added_column_holds_its_fill_in_every_older_row(tmp_path: Path, mode:
 def test_a_fill_read_per_row_from_the_source(tmp_path: Path) -> None:
     """A volatile default: each older row's own value, by key (the source's rows)."""
     values = pa.table({"id": ["1", "2", "9"], "value": ["10", "20", "90"]})
-    t = target(tmp_path, fills=lambda shape, column: ColumnFill(rows=values))
+    t = target(tmp_path, fills=lambda shape, column, appended: ColumnFill(rows=values))
     t.apply(envelope(txn(0x100, insert(V1, id=1), insert(V1, id=2), insert(V1, id=3))))
     t.apply(envelope(txn(0x200, insert(V1, id=4)), txn(0x300, insert(V2, id=5, score=50))))
     assert rows(t.to_arrow(), "id", "score") == [(1, 10), (2, 20), (3, None), (4, None), (5, 50)]
@@ -242,3 +243,30 @@ def test_a_crash_after_the_fill_before_the_batch_fills_once(
     assert rows(t.to_arrow(), "id", "score") == [(1, 5)] and t.watermark == 0x100
     t.apply(batch)
     assert rows(t.to_arrow(), "id", "score") == [(1, 5), (2, 5), (3, 3)]
+
+
+def _shape(*names: str) -> Shape:
+    return Shape("public", "t", 1, "d", tuple(ColumnInfo(n, 23, -1, n == "id") for n in names))
+
+
+@pytest.mark.parametrize(
+    ("prior", "shapes", "expected"),
+    [
+        # ADD COLUMN appends after every column the table had
+        (["id", "a"], [("id", "a", "b")], {"b": True}),
+        (["id", "a"], [("id", "a", "b"), ("id", "a", "b", "c")], {"b": True, "c": True}),
+        # RENAME COLUMN keeps the place; the old name is gone
+        (["id", "a", "b"], [("id", "x", "b")], {"x": False}),
+        (["id", "a"], [("id", "x")], {"x": False}),  # the last column: not an ADD either
+        # DROP, then ADD: the dropped one is missing from the prefix; read rather than guess
+        (["id", "a", "b"], [("id", "b"), ("id", "b", "c")], {"c": True}),
+        (["id", "a", "b"], [("id", "b", "c")], {"c": False}),
+        # a new table: nothing was added
+        (None, [("id", "a")], {}),
+    ],
+)
+def test_added_columns_tell_an_add_from_a_rename(
+    prior: list[str] | None, shapes: list[tuple[str, ...]], expected: dict[str, bool]
+) -> None:
+    added = added_columns(prior, [_shape(*s) for s in shapes])
+    assert {name: found.appended for name, found in added.items()} == expected

@@ -10,6 +10,8 @@ the source (the pipeline's `pgcdc.targets.added_columns.FillSource`).
   was rewritten since: the values are in the rows only, so they are read from the table by key
   (the column as the walsender session prints it). Reading later than the change is safe for a
   mirror: a row changed since carries its value in its own change, applied after.
+* A column that was not appended (renamed, or newly in the publication's column list) holds
+  values of its own in the older rows: read by key, whatever its default.
 * A column the catalog no longer has by that name (dropped, or renamed, since) is NULL.
 """
 
@@ -43,7 +45,7 @@ class SourceFills:
 
     conninfo: str
 
-    def __call__(self, shape: Shape, column: str) -> ColumnFill:
+    def __call__(self, shape: Shape, column: str, *, appended: bool = True) -> ColumnFill:
         with connect_sql(self.conninfo, pinned_settings=True) as conn:
             row = conn.execute(_ATTRIBUTE, (shape.relation_oid, column)).fetchone()
             if row is None:
@@ -55,15 +57,19 @@ class SourceFills:
                 )
                 return ColumnFill()
             has_missing, missing, has_default, table = row
-            if has_missing:
+            if appended and has_missing:
                 return ColumnFill(text=missing)
-            if not has_default:
+            if appended and not has_default:
                 return ColumnFill()
             if not shape.key_names or shape.full_identity:
+                why = (
+                    "added with a volatile default (or the table was rewritten since)"
+                    if appended
+                    else "renamed (or newly published)"
+                )
                 raise TargetError(
-                    f"{shape.name}.{column}: added with a volatile default (or the table was "
-                    "rewritten since), so each older row has its own value, which a table "
-                    "without a key cannot be matched by; recopy the table"
+                    f"{shape.name}.{column}: {why}, so each older row has its own value, "
+                    "which a table without a key cannot be matched by; recopy the table"
                 )
             names = [*shape.key_names, column]
             query = sql.SQL("SELECT {} FROM {}").format(

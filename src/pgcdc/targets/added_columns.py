@@ -6,6 +6,12 @@ and a volatile default rewrites the table, again without a change. A target lear
 column from the next change's relation (its Relation message) and must give every older row
 the value the source has, or it is no longer equal to its source.
 
+A column also appears under a new name when it is renamed (``RENAME COLUMN``), or when a
+publication's column list grows; then the older rows hold values of their own. The stream
+cannot tell these from an added column by the name alone, but by the place: ``ADD COLUMN``
+appends after every column the table had, while a renamed column keeps its place and its old
+name is gone. An `AddedColumn` that is not `appended` must be read from the source per key.
+
 `added_columns` finds, in a batch, the columns that appear after a relation shape that lacked
 them (the previous batch's last shape, recorded with the target, or an earlier shape of the
 batch); `ColumnFill` is what a `FillSource` (the pipeline's, reading the source's catalog)
@@ -14,15 +20,24 @@ says their value is; `fill_values` types it for rows of the target.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
 from pgcdc.envelope import Shape
 from pgcdc.types.arrow import ArrowBatchBuilder
 
-__all__ = ["FILL_VALUE", "ColumnFill", "FillSource", "added_columns", "fill_texts", "fill_values"]
+__all__ = [
+    "FILL_VALUE",
+    "AddedColumn",
+    "ColumnFill",
+    "FillSource",
+    "added_columns",
+    "fill_texts",
+    "fill_values",
+]
 
 #: The name of the value column in `ColumnFill.rows`.
 FILL_VALUE = "value"
@@ -41,21 +56,37 @@ class ColumnFill:
     rows: pa.Table | None = None
 
 
-#: Given the shape that has the column and the column's name, its value for older rows.
-FillSource = Callable[[Shape, str], ColumnFill]
+@dataclass(frozen=True, slots=True)
+class AddedColumn:
+    """A column that appeared: the first shape that has it, and whether it came after every
+    column of the shape before (``ADD COLUMN``; else renamed, or newly published, and the
+    older rows hold values of their own)."""
+
+    shape: Shape
+    appended: bool
 
 
-def added_columns(prior: Iterable[str] | None, shapes: Sequence[Shape]) -> dict[str, Shape]:
+class FillSource(Protocol):
+    """Given the shape that has the column, the column's name and whether it was appended,
+    its value in the rows that existed before."""
+
+    def __call__(self, shape: Shape, column: str, *, appended: bool) -> ColumnFill: ...
+
+
+def added_columns(prior: Sequence[str] | None, shapes: Sequence[Shape]) -> dict[str, AddedColumn]:
     """The columns of `shapes` (a batch's relation shapes, in sequence order) that a shape
-    before them lacked: `prior` (the target's last shape; None for a new table), then each
-    shape of the batch. Maps each to the first shape that has it."""
-    added: dict[str, Shape] = {}
-    previous = None if prior is None else set(prior)
+    before them lacked: `prior` (the target's last shape, its columns in order; None for a
+    new table), then each shape of the batch. Maps each to the first shape that has it."""
+    added: dict[str, AddedColumn] = {}
+    previous = None if prior is None else list(prior)
     for shape in shapes:
-        names = {c.name for c in shape.columns}
+        names = [c.name for c in shape.columns]
         if previous is not None:
-            for name in sorted(names - previous):
-                added.setdefault(name, shape)
+            # ADD COLUMN keeps every column and appends: the old ones are a prefix
+            appended = names[: len(previous)] == previous
+            for name in names:
+                if name not in previous and name not in added:
+                    added[name] = AddedColumn(shape, appended)
         previous = names
     return added
 

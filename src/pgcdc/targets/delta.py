@@ -421,7 +421,7 @@ class DeltaTarget(Target):
                 written = self._write_history(table, plan, data, schema, props)
                 upserts += len(plan.versions)
                 deletes += plan.deletes
-            if last and not written:  # a merge that changed nothing makes no commit
+            if final and not written:  # a merge that changed nothing makes no commit
                 self._mark(table, commit)
         return upserts, deletes, self._load().version()
 
@@ -861,9 +861,13 @@ class DeltaTarget(Target):
                 else [n for n in current.names if n not in (START_AT, END_AT)]
             )
         added = added_columns(prior, shapes)
-        for column, shape in added.items():
-            fill = self.fills(shape, column) if self.fills is not None else ColumnFill()
-            self._batch_fills[column] = (fill, shape)
+        for column, found in added.items():
+            fill = (
+                self.fills(found.shape, column, appended=found.appended)
+                if self.fills is not None
+                else ColumnFill()
+            )
+            self._batch_fills[column] = (fill, found.shape)
         if table is None or prior is None:
             return {}
         return {c: f for c, f in self._batch_fills.items() if c not in prior}

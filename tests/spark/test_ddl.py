@@ -1,0 +1,119 @@
+"""Ordinary DDL while the pipeline streams: after each statement (and after all of them in
+one batch), every mirror equals its table and every history's current versions do.
+
+Each step is a DDL statement and a change that touches only some rows, so the rows the
+change leaves alone show what the targets did with the DDL: an added column must hold in
+them the value the source has (NULL, its default, a volatile default's own value), a renamed
+column its old values, a widened one its values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.embedded import Database
+from pgcdc.spark.config import parse_config
+from pgcdc.spark.verify import compare_history, compare_mirror
+from pgcdc.targets import DeltaTarget
+from replication.helpers import unique
+from spark.helpers import pipeline_config, run_pipeline
+
+pytestmark = pytest.mark.server
+
+#: (what, DDL, a change after it); the table is `d` until it is renamed to `d2`.
+STEPS = [
+    (
+        "add without a default",
+        "ALTER TABLE {t} ADD COLUMN a1 text",
+        "UPDATE {t} SET a1 = 'x' WHERE id % 5 = 0",
+    ),
+    (
+        "add with a constant default",
+        "ALTER TABLE {t} ADD COLUMN a2 int DEFAULT 7",
+        "UPDATE {t} SET a2 = 8 WHERE id % 7 = 0",
+    ),
+    (
+        "add with a volatile default",
+        "ALTER TABLE {t} ADD COLUMN a3 text DEFAULT md5(random()::text)",
+        "INSERT INTO {t} (id, v) VALUES (1001, 'new')",
+    ),
+    (
+        "rename a column in the middle",
+        "ALTER TABLE {t} RENAME COLUMN v TO v2",
+        "UPDATE {t} SET v2 = 'r' WHERE id = 3",
+    ),
+    (
+        "rename the last column",
+        "ALTER TABLE {t} RENAME COLUMN a3 TO a3r",
+        "UPDATE {t} SET a2 = 9 WHERE id = 4",
+    ),
+    ("drop a column", "ALTER TABLE {t} DROP COLUMN a1", "DELETE FROM {t} WHERE id = 5"),
+    (
+        "widen a type",
+        "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
+        "UPDATE {t} SET n = 5000000000 WHERE id = 7",
+    ),
+    (
+        "set a default",
+        "ALTER TABLE {t} ALTER COLUMN n SET DEFAULT 1",
+        "INSERT INTO {t} (id) VALUES (1002)",
+    ),
+    ("rename the table", "ALTER TABLE d RENAME TO d2", "UPDATE {t} SET n = 1 WHERE id = 8"),
+    (
+        "replica identity full",
+        "ALTER TABLE {t} REPLICA IDENTITY FULL",
+        "UPDATE {t} SET n = 2 WHERE id = 9",
+    ),
+    (
+        "add after the identity change",
+        "ALTER TABLE {t} ADD COLUMN a4 int",
+        "INSERT INTO {t} (id, v2) VALUES (1003, 'x')",
+    ),
+]
+
+
+def _table(step: int) -> str:
+    renamed = next(i for i, s in enumerate(STEPS) if s[0] == "rename the table")
+    return "d2" if step >= renamed else "d"
+
+
+def _assert_equal(pg: Database, config: dict[str, Any], table: str, after: str) -> None:
+    for spec in parse_config(config).targets():
+        target = DeltaTarget(spec.path, spec.mode, app_id="pgcdc:test")
+        compare = compare_mirror if spec.mode == "mirror" else compare_history
+        verdict = compare(pg.dsn, f"public.{table}", target.to_arrow())
+        assert verdict.equal, (
+            f"after {after}: {spec.mode} {verdict} {verdict.missing} {verdict.extra}"
+        )
+
+
+@pytest.mark.parametrize("batches", ["a batch per step", "one batch for all"])
+def test_ordinary_ddl_while_streaming(
+    spark: Any, pg: Database, tmp_path: Path, batches: str
+) -> None:
+    slot, publication = unique("ddl"), unique("pub")
+    pg.execute(
+        "CREATE TABLE d (id int PRIMARY KEY, v text, n int);"
+        "INSERT INTO d SELECT g, 'v' || g, g FROM generate_series(1, 40) g;"
+        f"CREATE PUBLICATION {publication} FOR TABLE d"
+    )
+    config = pipeline_config(
+        pg, slot, publication, tmp_path / "lake", {"public.d": ["mirror", "history"]}
+    )
+    config["source"]["create_slot"] = True
+    try:
+        run_pipeline(spark, config)  # the initial copy
+        _assert_equal(pg, config, "d", "the copy")
+        for i, (what, ddl, change) in enumerate(STEPS):
+            pg.execute(ddl.format(t=_table(i - 1) if "RENAME TO" in ddl else _table(i)))
+            pg.execute(change.format(t=_table(i)))
+            if batches == "a batch per step":
+                run_pipeline(spark, config)
+                _assert_equal(pg, config, _table(i), what)
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, _table(len(STEPS) - 1), "every step")
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute("DROP TABLE IF EXISTS d, d2")

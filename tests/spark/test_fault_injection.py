@@ -83,8 +83,10 @@ class Workload:
     unchanged or not, deletes, key changes, identical duplicate rows under identity FULL),
     big ones (thousands of rows: streamed with logical_decoding_work_mem = 64kB; some with a
     rolled-back savepoint), savepoints rolled back, rolled-back transactions, two-phase ones
-    (PREPARE TRANSACTION, later COMMIT PREPARED or ROLLBACK PREPARED) and truncates. A server
-    crash in the middle is survived: the thread reconnects and goes on."""
+    (PREPARE TRANSACTION, later COMMIT PREPARED or ROLLBACK PREPARED), truncates and DDL on
+    the keyed tables (columns added with no default, a constant or a volatile one, renamed,
+    dropped; a column widened). A server crash in the middle is survived: the thread
+    reconnects and goes on."""
 
     def __init__(self, dsn: str, seed: int, *, max_steps: int, max_seconds: float) -> None:
         self.dsn = dsn
@@ -100,6 +102,8 @@ class Workload:
         self.pending: list[str] = []  # prepared, not yet committed or rolled back
         self._gid = 0
         self._prepared_key = PREPARED_BASE
+        self.added: dict[str, list[str]] = {"a": [], "b": []}  # columns the DDL added
+        self._column = 0
         self._thread = threading.Thread(target=self._run, name="fault-workload", daemon=True)
         self.notes = ["".join(self.rng.choices(string.ascii_letters, k=NOTE_LEN)) for _ in range(8)]
 
@@ -225,6 +229,50 @@ class Workload:
         cur.execute(f"PREPARE TRANSACTION '{gid}'")
         self.counts["prepare"] += 1
 
+    def _ddl(self, cur: Any) -> None:
+        """One DDL statement on a keyed table, then a change or two that see it."""
+        r = self.rng
+        table = r.choice(["a", "b"])
+        added = self.added[table]
+        kinds = ["add", "add_default", "add_volatile"] if len(added) < 4 else []
+        kinds += ["rename", "drop", "widen"] if added else []
+        kind = r.choice(kinds or ["widen"])
+        self.counts[f"ddl_{kind}"] += 1
+        cur.execute("SET LOCAL lock_timeout = '5s'")  # a copy's ACCESS SHARE lock may hold it
+        if kind.startswith("add"):
+            self._column += 1
+            name = f"e{self._column}"
+            default = {
+                "add": "",
+                "add_default": f" DEFAULT {self._column}",
+                "add_volatile": " DEFAULT (random() * 1000)::int",
+            }[kind]
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} int{default}")
+            added.append(name)
+        elif kind == "rename":
+            old = r.choice(added)
+            new = f"{old}r" if len(old) < 12 else f"e{self._column}x"
+            cur.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
+            added[added.index(old)] = new
+        elif kind == "drop":
+            name = r.choice(added)
+            cur.execute(f"ALTER TABLE {table} DROP COLUMN {name}")
+            added.remove(name)
+        else:  # int to bigint: a rewrite of the table, a lossless widening in the targets
+            cur.execute("ALTER TABLE a ALTER COLUMN n TYPE bigint")
+        # a change of the table: its targets learn of a DDL from the next change's relation
+        k = r.randrange(A_KEYS if table == "a" else B_KEYS)
+        if table == "a":
+            cur.execute(
+                "INSERT INTO a (k, v, n) VALUES (%s, 'ddl', 0) ON CONFLICT DO NOTHING", (k,)
+            )
+            cur.execute("UPDATE a SET v = 'after ddl' WHERE k = %s", (k,))
+        else:
+            cur.execute(
+                "INSERT INTO b (k1, k2, n) VALUES (%s, 'd', 0) ON CONFLICT DO NOTHING", (k,)
+            )
+            cur.execute("UPDATE b SET n = n + 1 WHERE k1 = %s AND k2 = 'd'", (k,))
+
     def resolve(self, cur: Any, gid: str, commit: bool) -> None:
         verb = "COMMIT PREPARED" if commit else "ROLLBACK PREPARED"
         self.counts["commit_prepared" if commit else "rollback_prepared"] += 1
@@ -243,13 +291,23 @@ class Workload:
             self.resolve(cur, r.choice(self.pending), r.random() < 0.7)
             return
         kind = r.choices(
-            ["small", "big", "savepoint", "abort", "prepared", "truncate"],
-            [70, 4, 8, 4, 8, 1.2],
+            ["small", "big", "savepoint", "abort", "prepared", "truncate", "ddl"],
+            [70, 4, 8, 4, 8, 1.2, 1.2],
         )[0]
         self.counts[kind] += 1
-        if kind == "truncate":
-            self.resolve_all(cur)  # a prepared transaction's locks would block the TRUNCATE
+        if kind in ("truncate", "ddl"):
+            self.resolve_all(cur)  # a prepared transaction's locks would block it
         cur.execute("BEGIN")
+        if kind == "ddl":
+            try:
+                self._ddl(cur)
+            except psycopg.errors.LockNotAvailable:
+                self.counts["ddl_lock_timeout"] += 1
+                cur.execute("ROLLBACK")
+                return
+            cur.execute("COMMIT")
+            self.committed += 1
+            return
         if kind == "prepared":
             self._prepared(cur)
             return
@@ -287,6 +345,17 @@ class Workload:
                     )
                 }
                 self.pending = [g for g in self.pending if g in prepared]
+                # and a crash may have come before or after a DDL's commit
+                for table in self.added:
+                    self.added[table] = [
+                        name
+                        for (name,) in conn.execute(
+                            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                            "AND attnum > 0 AND NOT attisdropped AND attname LIKE 'e%%' "
+                            "ORDER BY attnum",
+                            (table,),
+                        )
+                    ]
                 return conn
             except psycopg.OperationalError:
                 if time.monotonic() > deadline or self.stop_event.is_set():
@@ -841,6 +910,7 @@ def _scenario(
         f"seed {s.seed}: {outcome.kills} SIGKILLs + {outcome.crash_points} crash points, "
         f"{outcome.restarts} server crash-restarts, {len(witness.transactions)} transactions; "
         + "; ".join(c.short() for c in checks)
+        + f"\n  workload: {workload.describe()}"
     )
     print(summary)
     record_property("fault_injection", summary)
@@ -884,7 +954,12 @@ SLOW = [
         id=f"slow-{seed}",
         marks=pytest.mark.slow,
     )
-    for seed in (11, 12)
+    # PGCDC_FAULT_SEEDS=21,22,... tries more seeds
+    for seed in (
+        11,
+        12,
+        *map(int, filter(None, os.environ.get("PGCDC_FAULT_SEEDS", "").split(","))),
+    )
 ]
 
 

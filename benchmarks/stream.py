@@ -103,14 +103,17 @@ class Mode:
     name: str
     proto_version: int
     streaming: bool
+    publication: str = "pub"
 
     def recvlogical_options(self) -> list[str]:
-        opts = ["-o", f"proto_version={self.proto_version}", "-o", "publication_names=pub"]
+        opts = ["-o", f"proto_version={self.proto_version}"]
+        opts += ["-o", f"publication_names={self.publication}"]
         return opts + (["-o", "streaming=on"] if self.streaming else [])
 
     def stream_options(self) -> StreamOptions:
+        streaming = "on" if self.streaming else "off"
         return StreamOptions(
-            ("pub",), proto_version=self.proto_version, streaming="on" if self.streaming else "off"
+            (self.publication,), proto_version=self.proto_version, streaming=streaming
         )
 
 

@@ -4,11 +4,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml src/pgcdc/protocol/_speedups.c | cksum | cut -d" " -f1)
+STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml src/pgcdc/*/_*.c | cksum | cut -d" " -f1)
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml src/pgcdc/protocol/_speedups.c
+$(STAMP): pyproject.toml $(wildcard src/pgcdc/*/_*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgcdc needs Python 3.11 or later")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -1,4 +1,4 @@
-"""One chunk of a table, read with ``COPY … TO STDOUT (FORMAT csv)``, as typed Arrow batches.
+"""One chunk of a table, read with ``COPY … TO STDOUT``, as typed Arrow batches.
 
 The snapshot's rows must be exactly what the stream would have made of them:
 `read_copy` gives the columns of ``relation_arrow_schema`` (no ``_pgcdc_unchanged_toast``; a
@@ -7,22 +7,30 @@ The snapshot's rows must be exactly what the stream would have made of them:
 with the type's output function, as pgoutput's text mode does, so under pgcdc's session
 settings (`DEFAULT_SESSION_SETTINGS`) the texts are the same; only their CSV quoting differs.
 
-The CSV is parsed by ``pyarrow.csv`` into string columns (an unquoted empty field is NULL, a
-quoted one the empty string), then typed by `pgcdc.types.columns.TextColumns`: vectorized
+The rows become string columns, then typed by `pgcdc.types.columns.TextColumns`: vectorized
 where pyarrow's conversion is provably the type system's, value by value otherwise, with the
-out-of-range policy.
+out-of-range policy. The strings come one of two ways, the same strings either way:
 
-The COPY is streamed (the server sends one CopyData message per row): the rows libpq has
-buffered are taken with ``PGconn.get_copy_data`` straight into pieces of at most `batch_rows`
-rows (and about `PIECE_BYTES`), each parsed and typed on its own, so memory holds one piece at
-a time whatever the chunk's size; psycopg's `Copy` opens the COPY and cancels it when reading
-stops early (an error, or the caller closing the generator).
+* with the C extension ``_copytext`` (built by ``pip install`` with a compiler, bound to the
+  libpq psycopg loaded): the COPY in text format, each row taken from libpq and split into
+  Arrow string buffers in C, without the GIL;
+* else (``PGCDC_PURE_PYTHON=1``, no build, no libpq found): the COPY as CSV, its rows taken
+  with ``PGconn.get_copy_data`` into pieces parsed by ``pyarrow.csv`` (an unquoted empty field
+  is NULL, a quoted one the empty string).
+
+The COPY is streamed (the server sends one CopyData message per row) in pieces of at most
+`batch_rows` rows (and about `PIECE_BYTES`), each typed on its own, so memory holds one piece
+at a time whatever the chunk's size; psycopg's `Copy` opens the COPY and cancels it when
+reading stops early (an error, or the caller closing the generator).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import selectors
 from collections.abc import Generator, Iterator
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -60,7 +68,8 @@ def copy_query(
     relation: Relation, source: str, *, first_block: int | None, end_block: int | None
 ) -> sql.Composed:
     """``COPY (SELECT <relation's columns> FROM ONLY <source> WHERE ctid >= '(first,0)' AND
-    ctid < '(end,0)') TO STDOUT (FORMAT csv)``: the rows of blocks [first_block, end_block)
+    ctid < '(end,0)') TO STDOUT`` (`read_copy` adds the format): the rows of blocks
+    [first_block, end_block)
     of `source` ("schema.name", split at its last dot: a partition leaf may be named other
     than the relation), a bound None leaving that side open. The columns are the relation's,
     in its order, as `read_copy` expects."""
@@ -73,9 +82,7 @@ def copy_query(
     if end_block is not None:
         bounds.append(sql.SQL("ctid < {}").format(_tid(end_block, "end_block")))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(bounds) if bounds else sql.SQL("")
-    return sql.SQL("COPY (SELECT {} FROM ONLY {}{}) TO STDOUT (FORMAT csv)").format(
-        columns, table, where
-    )
+    return sql.SQL("COPY (SELECT {} FROM ONLY {}{}) TO STDOUT").format(columns, table, where)
 
 
 # --- the stream ---------------------------------------------------------------------------
@@ -138,6 +145,73 @@ def _pieces(
             yield piece, rows
 
 
+@functools.cache
+def _copytext() -> ModuleType | None:
+    """The C extension, bound to the libpq psycopg uses (None: not built, turned off, or no
+    loaded libpq of psycopg's version found)."""
+    if os.environ.get("PGCDC_PURE_PYTHON"):
+        return None
+    try:
+        from pgcdc.snapshot import _copytext  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        with open("/proc/self/maps") as maps:  # the libraries this process has loaded
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "libpq" in line}
+    except OSError:
+        return None
+    version = psycopg.pq.version()
+    for path in sorted(paths, key=lambda p: "psycopg" not in p):  # psycopg's own first
+        if os.path.basename(path).startswith("libpq") and _copytext.bind(path, version):
+            return _copytext
+    return None
+
+
+def _drained(
+    conn: psycopg.Connection[Any], query: Any, reader: Any, batch_rows: int
+) -> Generator[tuple[int, list[pa.Array]], None, None]:
+    """The text-format COPY's rows taken by `reader` (the C extension's `CopyColumns`):
+    (rows, string columns)."""
+    pointer = conn.pgconn.pgconn_ptr  # type: ignore[attr-defined]
+
+    def take() -> tuple[int, list[pa.Array]]:
+        rows, columns = reader.take()
+        return rows, [
+            pa.Array.from_buffers(
+                pa.string(),
+                rows,
+                [
+                    None if valid is None else pa.py_buffer(valid),
+                    pa.py_buffer(offsets),
+                    pa.py_buffer(values),
+                ],
+                null_count=nulls,
+            )
+            for valid, offsets, values, nulls in columns
+        ]
+
+    with conn.cursor() as cursor, cursor.copy(query):
+        pgconn = conn.pgconn
+        with selectors.DefaultSelector() as selector:
+            selector.register(pgconn.socket, selectors.EVENT_READ)
+            while True:
+                status = reader.drain(pointer, batch_rows, PIECE_BYTES)
+                if status == 1:
+                    yield take()
+                elif status == 0:
+                    selector.select()
+                    pgconn.consume_input()
+                elif status == -1:
+                    break
+                else:
+                    raise psycopg.OperationalError(
+                        f"reading COPY data failed: {pgconn.get_error_message()}"
+                    )
+            _finish(pgconn, selector)
+    if reader.rows:
+        yield take()
+
+
 def _finish(pgconn: Any, selector: selectors.BaseSelector) -> None:
     """Take the COPY's results after its end (COMMAND_OK, or the error that ended it)."""
     error = None
@@ -197,8 +271,8 @@ def read_copy(
     batch_rows: int = 200_000,
     table_name: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Run `query` (a ``COPY … TO STDOUT (FORMAT csv)`` of `relation`'s columns in order, as
-    `copy_query` makes) on `conn` and yield its rows as record batches of `copy_schema`, of
+    """Run `query` (a ``COPY … TO STDOUT`` of `relation`'s columns in order, as `copy_query`
+    makes, with no format) on `conn` and yield its rows as record batches of `copy_schema`, of
     at most `batch_rows` rows each (none for no rows).
 
     `conn` is an open psycopg connection, already in the transaction (snapshot) to read and
@@ -209,8 +283,18 @@ def read_copy(
         raise ValueError("batch_rows must be at least 1")
     _check_session(conn)
     columns = TextColumns(relation, registry, options, table_name)
+    fast = _copytext()
+    if fast is not None and getattr(conn.pgconn, "pgconn_ptr", None):
+        drained = _drained(conn, query, fast.CopyColumns(len(relation.columns)), batch_rows)
+        try:
+            for rows, strings in drained:
+                yield columns.batch(strings, rows)
+        finally:
+            drained.close()  # now, not when collected: an unfinished COPY is cancelled
+        return
     names = [f"c{i}" for i in range(len(relation.columns))]
-    pieces = _pieces(conn, query, batch_rows, PIECE_BYTES)
+    csv = (sql.SQL(query) if isinstance(query, str) else query) + sql.SQL(" (FORMAT csv)")
+    pieces = _pieces(conn, csv, batch_rows, PIECE_BYTES)
     try:
         for piece, rows in pieces:
             strings = _parse(piece, names) if names else []

@@ -240,11 +240,7 @@ class InitialCopy:
             drop_slot(self.conninfo, self.slot, wait=True)
         if resync:  # the targets hold what the lost slot had brought: they stay
             shutil.rmtree(self._staging_dir, ignore_errors=True)
-        else:
-            for targets in self.targets.values():
-                for target in targets:
-                    target.clear()
-        return self.start_fresh(resync=resync)
+        return self.start_fresh(resync=resync)  # (`_copy` empties the targets)
 
     @property
     def _staging_dir(self) -> Path:
@@ -295,9 +291,6 @@ class InitialCopy:
             point = created.consistent_point
             sources = [self._source(t) for t in tables]
             with SnapshotGuard(self.conninfo, created.snapshot_name, sources) as guard:
-                for table in tables:
-                    for target in self.targets[table]:
-                        target.clear()
                 plans = {
                     t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
                     for t in tables
@@ -316,8 +309,9 @@ class InitialCopy:
         self, plans: dict[str, list[Chunk]], snapshot: str, point: Lsn, *, staging: bool = False
     ) -> set[str]:
         """Copies every table's chunks (into its targets, or its staging table), one Spark job
-        per table, all at once; a table whose copy fails is left out (its progress holds the
-        error). The tables that succeeded."""
+        per table, all at once, into targets emptied first and given the table's columns as
+        of the snapshot; a table whose copy fails is left out (its progress holds the error).
+        The tables that succeeded."""
         jobs: dict[str, list[_Task]] = {}
         self._staged = staging
         for table, chunks in plans.items():
@@ -329,7 +323,7 @@ class InitialCopy:
                 relation, answers = catalog_relation(self.conninfo, self._source(table))
                 registry = catalog_registry(relation, answers)
                 for target in targets:
-                    target.ensure_table(relation, registry)
+                    target.reset(relation, registry)
             except PgcdcError as exc:
                 progress.error = str(exc)
                 continue

@@ -115,10 +115,6 @@ class Target(ABC):
         nothing that a replay would not write again."""
 
     @abstractmethod
-    def ensure_table(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
-        """Create the table for `relation` if there is none (a copy writes before changes)."""
-
-    @abstractmethod
     def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:
         """Append one chunk of an initial copy taken at `point` (typed rows of the table;
         `position`: the chunk's place in its table's plan), in one commit that names the
@@ -139,8 +135,8 @@ class Target(ABC):
         """Record `watermark` without data (an initial copy's point)."""
 
     @abstractmethod
-    def clear(self) -> None:
-        """Remove the table's rows (a copy that starts over), keeping the table."""
+    def reset(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
+        """Empty the table and give it `relation`'s columns (a copy that starts over)."""
 
     @abstractmethod
     def to_arrow(self) -> pa.Table:

@@ -98,7 +98,7 @@ from pgcdc.targets.fold import (
     fold_multiset,
     segments,
 )
-from pgcdc.targets.reconcile import diff_by_key, diff_multiset
+from pgcdc.targets.reconcile import diff_by_key, diff_multiset, hashable
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
@@ -183,14 +183,6 @@ def _before(a: str, b: str) -> str:
         f"({a}['commit_lsn'] < {b}['commit_lsn'] OR ({a}['commit_lsn'] = {b}['commit_lsn'] "
         f"AND {a}['ordinal'] < {b}['ordinal']))"
     )
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
-    return value
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -425,28 +417,44 @@ class DeltaTarget(Target):
                 self._mark(table, commit)
         return upserts, deletes, self._load().version()
 
-    def ensure_table(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
-        """Create the table for `relation` if there is none (an initial copy writes into it
-        before any change arrives)."""
-        if self._open() is not None:
+    def reset(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
+        """Empty the table and give it `relation`'s columns (a copy that starts over: the
+        source's columns may have changed since the table was made), in one commit that
+        records them as the columns of the rows to come."""
+        schema = self._relation_schema(relation, registry)
+        table = self._open()
+        if table is None:
+            self._create(schema, self._relation_source(relation))
             return
-        source = f"{relation.namespace}.{relation.relname}"
+        columns = json.dumps([c.name for c in relation.columns])
+        write_deltalake(
+            table,
+            schema.empty_table(),
+            mode="overwrite",
+            schema_mode="overwrite",
+            commit_properties=CommitProperties(custom_metadata={_COLUMNS: columns}),
+        )
+
+    def _relation_source(self, relation: Relation) -> str:
+        return self.source or f"{relation.namespace}.{relation.relname}"
+
+    def _relation_schema(self, relation: Relation, registry: TypeRegistry | None) -> pa.Schema:
+        """The table's schema for `relation`'s columns (and a history's version columns)."""
         if self.mode == "changelog":
-            schema = ENVELOPE_ARROW_SCHEMA
-        else:
-            builder = ArrowBatchBuilder(relation, registry or self.registry, self.options)
-            fields = [f for f in builder.schema if f.name != UNCHANGED_TOAST_COLUMN]
-            for f in fields:
-                _check_storable(source, f)
-            if self.mode == "history":
-                fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
-            schema = pa.schema(fields)
-        self._create(schema, self.source or source)
+            return ENVELOPE_ARROW_SCHEMA
+        source = f"{relation.namespace}.{relation.relname}"
+        builder = ArrowBatchBuilder(relation, registry or self.registry, self.options)
+        fields = [f for f in builder.schema if f.name != UNCHANGED_TOAST_COLUMN]
+        for f in fields:
+            _check_storable(source, f)
+        if self.mode == "history":
+            fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
+        return pa.schema(fields)
 
     def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:
         table = self._open()
         if table is None:
-            raise TargetError(f"no Delta table at {self.path} (ensure_table first)")
+            raise TargetError(f"no Delta table at {self.path} (reset it first)")
         if self.mode == "history":
             rows = history_columns(rows, point, position)
         metadata = {CHUNK_KEY: chunk, POINT_KEY: str(int(point)), ROWS_KEY: str(rows.num_rows)}
@@ -577,8 +585,8 @@ class DeltaTarget(Target):
         starts = data.column(START_AT).to_pylist()
         copies: dict[Any, list[int]] = {}
         for i, row in enumerate(values):
-            copies.setdefault(_hashable(tuple(row.values())), []).append(i)
-        removed = [copies[_hashable(tuple(values[i].values()))] for i in diff.surplus]
+            copies.setdefault(hashable(tuple(row.values())), []).append(i)
+        removed = [copies[hashable(tuple(values[i].values()))] for i in diff.surplus]
         again: list[int] = []
         ends: list[dict[str, int] | None] = []
         for at, count in zip(removed, diff.surplus.values(), strict=True):
@@ -643,12 +651,6 @@ class DeltaTarget(Target):
             if chunk is not None and commit.get(POINT_KEY) == str(int(point)):
                 done[chunk] = int(commit.get(ROWS_KEY, 0))
         return done
-
-    def clear(self) -> None:
-        """Remove the table's rows (a copy that starts over), keeping the table."""
-        table = self._open()
-        if table is not None:
-            table.delete()
 
     def mark(self, watermark: int) -> None:
         """Record `watermark` without data: an initial copy's point, from where the stream
@@ -967,10 +969,10 @@ class DeltaTarget(Target):
             return data
         typed_keys = self._type([lookups[k] for k in keys], _pick(schema, key_names))
         typed_rows = typed_keys.select(key_names).to_pylist()
-        by_text = {k: _hashable(tuple(r.values())) for k, r in zip(keys, typed_rows, strict=True)}
+        by_text = {k: hashable(tuple(r.values())) for k, r in zip(keys, typed_rows, strict=True)}
         current = self._current(table, key_names, columns, typed_keys, schema)
         index = {
-            _hashable(tuple(r[n] for n in key_names)): i
+            hashable(tuple(r[n] for n in key_names)): i
             for i, r in enumerate(current.select(key_names).to_pylist())
         }
         for column in columns:
@@ -1229,14 +1231,14 @@ class DeltaTarget(Target):
         current = self._current(table, names, [*columns, *extra], keys.select(names), schema)
         by_key: dict[Any, list[int]] = {}
         for i, row in enumerate(current.select(names).to_pylist()):
-            by_key.setdefault(_hashable(tuple(row.values())), []).append(i)
+            by_key.setdefault(hashable(tuple(row.values())), []).append(i)
         take: list[int] = []
         ends: list[dict[str, int] | None] = []
         starts = current.column(START_AT).to_pylist() if history else None
         for typed, (key, removals) in zip(
             keys.select(names).to_pylist(), plan.removals.items(), strict=True
         ):
-            copies = by_key.get(_hashable(tuple(typed.values())), [])
+            copies = by_key.get(hashable(tuple(typed.values())), [])
             if len(copies) < len(removals):
                 image = plan.images[key]
                 raise TargetError(

@@ -17,14 +17,15 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["KeyedDiff", "MultisetDiff", "diff_by_key", "diff_multiset"]
+__all__ = ["KeyedDiff", "MultisetDiff", "diff_by_key", "diff_multiset", "hashable"]
 
 
-def _hashable(value: Any) -> Any:
+def hashable(value: Any) -> Any:
+    """A row's value (lists and structs nested) as a key of a dict."""
     if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
+        return tuple(hashable(v) for v in value)
     if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
+        return tuple((k, hashable(v)) for k, v in value.items())
     return value
 
 
@@ -46,18 +47,18 @@ def diff_by_key(current: pa.Table, wanted: pa.Table, keys: Sequence[str]) -> Key
     """`wanted` against `current`, both with `wanted`'s columns, matched by `keys`."""
     names = wanted.column_names
     have = {
-        _hashable(tuple(r[k] for k in keys)): _hashable(tuple(r[n] for n in names))
+        hashable(tuple(r[k] for k in keys)): hashable(tuple(r[n] for n in names))
         for r in current.select(names).to_pylist()
     }
     inserts, updates = [], []
     seen = set()
     for i, row in enumerate(wanted.to_pylist()):
-        key = _hashable(tuple(row[k] for k in keys))
+        key = hashable(tuple(row[k] for k in keys))
         seen.add(key)
         old = have.get(key)
         if old is None:
             inserts.append(i)
-        elif old != _hashable(tuple(row[n] for n in names)):
+        elif old != hashable(tuple(row[n] for n in names)):
             updates.append(i)
     gone = [i for i, key in enumerate(have) if key not in seen]
     key_rows = current.select(list(keys))
@@ -84,9 +85,9 @@ class MultisetDiff:
 def diff_multiset(current: pa.Table, wanted: pa.Table) -> MultisetDiff:
     """`wanted` against `current` as multisets of whole rows (`wanted`'s columns)."""
     names = wanted.column_names
-    have_rows = [_hashable(tuple(r[n] for n in names)) for r in current.select(names).to_pylist()]
+    have_rows = [hashable(tuple(r[n] for n in names)) for r in current.select(names).to_pylist()]
     have = Counter(have_rows)
-    want_rows = [_hashable(tuple(r[n] for n in names)) for r in wanted.to_pylist()]
+    want_rows = [hashable(tuple(r[n] for n in names)) for r in wanted.to_pylist()]
     want = Counter(want_rows)
     first: dict[object, int] = {}
     for i, row in enumerate(have_rows):

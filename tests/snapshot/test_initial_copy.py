@@ -108,6 +108,8 @@ def test_copy_under_writes_then_stream(spark: Any, pg: Database, tmp_path: Path)
     copied = pipeline.copy_progress
     assert copied["public.customers"].chunks > 3  # the table was copied in parallel chunks
     assert all(p.error is None and p.chunks_done == p.chunks for p in copied.values())
+    # where each table's copy spent its time, summed over its tasks
+    assert all(set(p.phases) == {"read", "type", "write"} for p in copied.values())
     run_pipeline(spark, config)  # catch up with the last writes
     assert_identical(pg, config)
     # A second start neither copies again nor duplicates anything.

@@ -66,6 +66,9 @@ class TableProgress:
     rows_done: int = 0
     started: float = field(default_factory=time.monotonic)
     error: str | None = None
+    #: Seconds the chunks' tasks spent, summed: "read" (the COPY: the server, the transfer,
+    #: splitting rows), "type" (text to typed columns), "write" (the targets' commits).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def rows_per_second(self) -> float:
@@ -106,7 +109,7 @@ def _session(conninfo: str, snapshot: str) -> Any:
     return conn
 
 
-def _rows(task: _Task) -> pa.Table:
+def _rows(task: _Task, timings: dict[str, float]) -> pa.Table:
     relation = task.relation
     registry = catalog_registry(relation, task.answers)
     conn = _session(task.conninfo, task.snapshot)
@@ -115,21 +118,28 @@ def _rows(task: _Task) -> pa.Table:
         query = copy_query(
             relation, chunk.leaf, first_block=chunk.first_block, end_block=chunk.end_block
         )
-        batches = list(read_copy(conn, query, relation, registry, table_name=chunk.table))
+        batches = list(
+            read_copy(conn, query, relation, registry, table_name=chunk.table, timings=timings)
+        )
     finally:
         conn.close()
     return pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
 
 
-def copy_chunk(task: _Task) -> tuple[str, str, int]:
+def copy_chunk(task: _Task) -> dict[str, float]:
     """Runs on an executor: reads the chunk under the snapshot and writes it to every target
-    (`Target.write_chunk`: one commit each, naming the chunk). Returns (table, chunk id,
-    rows)."""
-    rows = _rows(task)
+    (`Target.write_chunk`: one commit each, naming the chunk). Returns the seconds spent
+    (`TableProgress.phases`)."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    rows = _rows(task, timings)
+    read = time.perf_counter()
     for spec in task.targets:
         target = open_target(spec, app_id=task.app_id)
         target.write_chunk(rows, task.chunk.id, task.point, task.position)
-    return task.chunk.table, task.chunk.id, rows.num_rows
+    timings["read"] = read - started - timings.get("type", 0.0)
+    timings["write"] = time.perf_counter() - read
+    return timings
 
 
 class InitialCopy:
@@ -335,12 +345,15 @@ class InitialCopy:
             ]
 
         def job(table: str, tasks: list[_Task]) -> None:
+            progress = self.progress[table]
             try:
                 if tasks:
                     rdd = self.spark.sparkContext.parallelize(tasks, len(tasks)).map(copy_chunk)
-                    rdd.collect()
+                    for timings in rdd.collect():
+                        for phase, seconds in timings.items():
+                            progress.phases[phase] = progress.phases.get(phase, 0.0) + seconds
             except Exception as exc:
-                self.progress[table].error = error_line(exc)
+                progress.error = error_line(exc)
 
         threads = [
             threading.Thread(target=job, args=item, name=f"pgcdc-copy-{item[0]}", daemon=True)

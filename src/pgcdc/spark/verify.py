@@ -44,15 +44,19 @@ class Verdict:
         )
 
 
-def source_rows(conninfo: str, table: str) -> pa.Table:
-    """The table's current rows, typed like the targets' columns."""
+def source_rows(conninfo: str, table: str, where: sql.Composable | None = None) -> pa.Table:
+    """The table's current rows (those `where` selects: a condition), typed like the
+    targets' columns."""
     relation, answers = catalog_relation(conninfo, table)
     builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers))
     names = [c.name for c in relation.columns]
     select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
     source = sql.Identifier(relation.namespace, relation.relname)
     with connect_sql(conninfo, pinned_settings=True) as conn:
-        for row in conn.execute(sql.SQL("SELECT {} FROM {}").format(select, source)):
+        query = sql.SQL("SELECT {} FROM {}").format(select, source)
+        if where is not None:
+            query += sql.SQL(" WHERE ") + where
+        for row in conn.execute(query):
             kinds = bytes(0x6E if v is None else 0x74 for v in row)
             builder.append(TupleData(kinds, tuple(None if v is None else v.encode() for v in row)))
     return pa.Table.from_batches([builder.flush()]).select(names)
@@ -82,9 +86,12 @@ def _compare(table: str, source: pa.Table, target: pa.Table | None) -> Verdict:
     )
 
 
-def compare_mirror(conninfo: str, table: str, target: pa.Table | None) -> Verdict:
-    """A mirror's rows (None: the target table does not exist) against the source's."""
-    return _compare(table, source_rows(conninfo, table), target)
+def compare_mirror(
+    conninfo: str, table: str, target: pa.Table | None, where: sql.Composable | None = None
+) -> Verdict:
+    """A mirror's rows (None: the target table does not exist) against the source's (those
+    `where` selects, when `target` holds the mirror's rows that match it)."""
+    return _compare(table, source_rows(conninfo, table, where), target)
 
 
 def compare_history(conninfo: str, table: str, history: pa.Table | None) -> Verdict:

@@ -291,8 +291,9 @@ class ApplyError(TargetError):
 
 class SchemaChangeError(TargetError):
     """A column's type changed in a way the target cannot follow (not the same type, not a
-    lossless widening). Names the table, the column, both types and the LSN of the change
-    that carried the new type; nothing of its batch was written."""
+    lossless widening, and its values cannot be read again by key: a key column, or a table
+    without a key). Names the table, the column, both types and the LSN of the change that
+    carried the new type; nothing of its batch was written."""
 
     def __init__(
         self, *, table: str, column: str, old_type: str, new_type: str, lsn: object | None = None
@@ -304,5 +305,7 @@ class SchemaChangeError(TargetError):
         self.lsn = lsn
         super().__init__(
             f"{table}.{column}: type changed from {old_type} to {new_type}, which the target "
-            f"cannot widen to (at LSN {lsn if lsn is not None else '?'}); nothing was written"
+            "can neither widen to nor read again by key (a key column, or a table without a "
+            f"key) (at LSN {lsn if lsn is not None else '?'}); nothing was written; recopy "
+            "the table"
         )

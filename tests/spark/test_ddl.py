@@ -4,7 +4,8 @@ one batch), every mirror equals its table and every history's current versions d
 Each step is a DDL statement and a change that touches only some rows, so the rows the
 change leaves alone show what the targets did with the DDL: an added column must hold in
 them the value the source has (NULL, its default, a volatile default's own value), a renamed
-column its old values, a widened one its values."""
+column its old values, a widened one its values, one whose type changed otherwise the values
+the server rewrote it with."""
 
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ STEPS = [
         "set a default",
         "ALTER TABLE {t} ALTER COLUMN n SET DEFAULT 1",
         "INSERT INTO {t} (id) VALUES (1002)",
+    ),
+    (
+        "change a type beyond a widening",
+        "ALTER TABLE {t} ALTER COLUMN a2 TYPE text USING 'a' || a2",
+        "UPDATE {t} SET a2 = 'changed' WHERE id = 10",
+    ),
+    (
+        "change a type back, with other values",
+        "ALTER TABLE {t} ALTER COLUMN a2 TYPE numeric(6,1) USING length(a2) / 3.0",
+        "UPDATE {t} SET a2 = 1.5 WHERE id = 12",
     ),
     ("rename the table", "ALTER TABLE d RENAME TO d2", "UPDATE {t} SET n = 1 WHERE id = 8"),
     (

@@ -135,7 +135,8 @@ def test_a_dropped_slot_with_data_in_the_targets_stops_the_pipeline(
 def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     spark: Any, pg: Database, tmp_path: Path
 ) -> None:
-    """A change that fails on every restart (here a type change the target cannot follow):
+    """A change that fails on every restart (here a key column's type change, which the
+    target cannot follow):
     with on_error = "stop" one line names the table, the change and its LSN, and the slot
     stays; with "quarantine" the other tables stream on and the slot moves, the table's
     changes wait in its change log, and `recopy` brings it back equal to its source."""
@@ -147,15 +148,15 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     config = pipeline_config(pg, slot, publication, lake, {"public.a": "mirror", "b": "mirror"})
     pg.execute("INSERT INTO a SELECT g, g FROM generate_series(1, 10) g; INSERT INTO b VALUES (1)")
     run_pipeline(spark, config)
-    pg.execute("ALTER TABLE a ALTER n TYPE text USING 'n' || n")
-    pg.execute("UPDATE a SET n = 'x' WHERE id = 3; INSERT INTO b VALUES (2)")
+    pg.execute("ALTER TABLE a ALTER id TYPE text USING 'k' || id")
+    pg.execute("UPDATE a SET n = 30 WHERE id = 'k3'; INSERT INTO b VALUES (2)")
     held = confirmed_flush(pg, slot)
     for _ in range(2):  # the same on every restart, and nothing moves
         with pytest.raises(PipelineFailed) as failed:
             run_pipeline(spark, config)
         line = str(failed.value)
         assert line.startswith("public.a: cannot apply 1 change at commit LSN"), line
-        assert "first: update of key (id=3)" in line and "type changed" in line, line
+        assert "first: update of key (id=k3)" in line and "type changed" in line, line
         assert "\n" not in line and ".parquet" not in line
         assert confirmed_flush(pg, slot) == held
     config["tables"]["public.a"] = {"modes": ["mirror"], "on_error": "quarantine"}
@@ -163,7 +164,7 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     assert sorted(r["id"] for r in _rows(lake / "public.b")) == [1, 2]
     assert confirmed_flush(pg, slot) > held
     assert pipeline.quarantine.records()["public.a"].status == "quarantined"
-    pg.execute("UPDATE a SET n = 'y' WHERE id = 4; DELETE FROM a WHERE id = 5")
+    pg.execute("UPDATE a SET n = 40 WHERE id = 'k4'; DELETE FROM a WHERE id = 'k5'")
     pg.execute("INSERT INTO b VALUES (3)")
     run_pipeline(spark, config)  # still set aside; b goes on
     assert sorted(r["id"] for r in _rows(lake / "public.b")) == [1, 2, 3]
@@ -171,11 +172,11 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     from pgcdc.spark.config import parse_config
 
     request_recopy(parse_config(config), "public.a")
-    pg.execute("UPDATE a SET n = 'z' WHERE id = 6")
+    pg.execute("UPDATE a SET n = 60 WHERE id = 'k6'")
     pipeline = run_pipeline(spark, config)
     assert pipeline.quarantine.records() == {}
     assert_identical(pg, config)
-    assert {r["id"]: r["n"] for r in _rows(lake / "public.a")}[6] == "z"
+    assert {r["id"]: r["n"] for r in _rows(lake / "public.a")}["k6"] == 60
 
 
 def test_the_pipeline_warns_when_the_slot_retains_too_much_wal(

@@ -85,8 +85,8 @@ class Workload:
     rolled-back savepoint), savepoints rolled back, rolled-back transactions, two-phase ones
     (PREPARE TRANSACTION, later COMMIT PREPARED or ROLLBACK PREPARED), truncates and DDL on
     the keyed tables (columns added with no default, a constant or a volatile one, renamed,
-    dropped; a column widened). A server crash in the middle is survived: the thread
-    reconnects and goes on."""
+    dropped, their type changed; a column widened). A server crash in the middle is
+    survived: the thread reconnects and goes on."""
 
     def __init__(self, dsn: str, seed: int, *, max_steps: int, max_seconds: float) -> None:
         self.dsn = dsn
@@ -235,7 +235,7 @@ class Workload:
         table = r.choice(["a", "b"])
         added = self.added[table]
         kinds = ["add", "add_default", "add_volatile"] if len(added) < 4 else []
-        kinds += ["rename", "drop", "widen"] if added else []
+        kinds += ["rename", "drop", "widen", "retype"] if added else []
         kind = r.choice(kinds or ["widen"])
         self.counts[f"ddl_{kind}"] += 1
         cur.execute("SET LOCAL lock_timeout = '5s'")  # a copy's ACCESS SHARE lock may hold it
@@ -254,6 +254,10 @@ class Workload:
             new = f"{old}r" if len(old) < 12 else f"e{self._column}x"
             cur.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
             added[added.index(old)] = new
+        elif kind == "retype":  # to text, or to int with other values: the table rewritten
+            name = r.choice(added)
+            to = r.choice([" text USING 'r' || {0}", " int USING length({0}::text)"])
+            cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} TYPE{to.format(name)}")
         elif kind == "drop":
             name = r.choice(added)
             cur.execute(f"ALTER TABLE {table} DROP COLUMN {name}")

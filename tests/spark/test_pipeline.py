@@ -163,13 +163,18 @@ def test_schema_changes(spark: Any, pg: Database, tmp_path: Path) -> None:
     pg.execute("INSERT INTO orders VALUES (3000000000, 3, NULL, 'wide')")
     run_pipeline(spark, config)
     assert_identical(pg, config)
-    # An incompatible change stops the pipeline, names table, column and LSN, moves nothing.
-    pg.execute("ALTER TABLE orders ALTER total TYPE text")
+    # A type change beyond a widening: every row holds the source's values again.
+    pg.execute("ALTER TABLE orders ALTER total TYPE text USING 'total ' || total")
     pg.execute("INSERT INTO orders VALUES (4, 'four', NULL, 'x')")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    # One of a key column stops the pipeline, names table, column and LSN, moves nothing.
+    pg.execute("ALTER TABLE orders ALTER id TYPE text USING 'o' || id")
+    pg.execute("INSERT INTO orders VALUES ('o5', 'five', NULL, 'x')")
     before = confirmed_flush(pg, slot)
     from pgcdc.spark.pipeline import PipelineFailed
 
-    with pytest.raises(PipelineFailed, match=r"public\.orders\.total.*LSN"):
+    with pytest.raises(PipelineFailed, match=r"public\.orders\.id.*LSN"):
         run_pipeline(spark, config)
     assert confirmed_flush(pg, slot) == before
     assert current_wal_lsn(pg) > before

@@ -132,6 +132,121 @@ def test_incompatible_type_change_is_refused_and_writes_nothing(tmp_path: Path, 
     assert rows(t.to_arrow(), "id", "score") == before
 
 
+# --- a type changed beyond a widening (ALTER COLUMN ... TYPE ... USING) --------------------
+
+AS_TEXT = relation(("id", INT4, True), ("name", TEXT), ("score", TEXT))  # score int4 -> text
+
+
+def source_now(**values: str | None) -> Any:
+    """A fill source answering, per key, what the source table holds now (the column as
+    the server prints it under its new type)."""
+    asked: list[tuple[str, bool]] = []
+
+    def fills(shape: Any, column: str, *, appended: bool) -> ColumnFill:
+        asked.append((column, appended))
+        ids = list(values)
+        return ColumnFill(rows=pa.table({"id": ids, "value": [values[i] for i in ids]}))
+
+    fills.asked = asked  # type: ignore[attr-defined]
+    return fills
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+@pytest.mark.parametrize("batches", ["one batch", "two batches"])
+def test_a_type_change_takes_the_sources_values(tmp_path: Path, mode: str, batches: str) -> None:
+    """int to text (any USING): every row holds the value the source holds now, read by
+    key, the batch's own rows from before the change too; rows changed after hold their own
+    value; a history's ended versions keep theirs, cast to the new type."""
+    fills = source_now(**{"1": "one", "2": "two", "3": "three"})
+    t = target(tmp_path, mode, fills=fills)
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1), insert(V2, id=2, score=2))))
+    t.apply(envelope(txn(0x180, update(V2, {"id": 2, "score": 20}))))
+    before = [txn(0x200, insert(V2, id=3, score=3))]
+    after = [txn(0x300, update(AS_TEXT, {"id": 2, "score": "TWO"}), insert(AS_TEXT, id=4))]
+    if batches == "one batch":
+        t.apply(envelope(*before, *after))
+    else:
+        t.apply(envelope(*before))
+        t.apply(envelope(*after))
+    assert fills.asked == [("score", False)]
+    data = t.to_arrow()
+    assert data.schema.field("score").type == pa.string()
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    assert rows(current, "id", "score") == [(1, "one"), (2, "TWO"), (3, "three"), (4, None)]
+    if mode == "history":
+        ended = data.filter(data.column("__END_AT").is_valid())
+        # 2 (cast to text) ended at 0x180; "two" (the source's value, current until the
+        # update) at 0x300
+        assert sorted(rows(ended, "id", "score")) == [(2, "2"), (2, "two")]
+    t.apply(envelope(txn(0x400, insert(AS_TEXT, id=5, score="five"))))  # no longer changed
+    assert fills.asked == [("score", False)]
+
+
+def test_a_crash_after_the_retype_before_the_batch_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the rewrite with the new type and the batch's commit: the batch again
+    (its older images of the old type included) gives the same table."""
+    t = target(tmp_path, fills=source_now(**{"1": "one", "2": "two"}))
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
+    batch = envelope(txn(0x200, insert(V2, id=2, score=2)), txn(0x300, insert(AS_TEXT, id=3)))
+
+    def crash(*args: Any) -> bool:
+        raise RuntimeError("killed after the rewrite's commit")
+
+    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
+    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
+    with pytest.raises(RuntimeError):
+        t.apply(batch)
+    monkeypatch.undo()
+    assert rows(t.to_arrow(), "id", "score") == [(1, "one")] and t.watermark == 0x100
+    t.apply(batch)
+    assert rows(t.to_arrow(), "id", "score") == [(1, "one"), (2, "two"), (3, None)]
+
+
+def test_a_crash_after_the_retype_then_the_batch_in_pieces_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the rewrite; after the restart the batch comes again in two (the first
+    with only changes made before the type change): the table, ahead of the first piece,
+    takes its rows with the column null, and the second piece's type change fills them."""
+    t = target(tmp_path, fills=source_now(**{"1": "one", "2": "two"}))
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
+    older, newer = txn(0x200, insert(V2, id=2, score=2)), txn(0x300, insert(AS_TEXT, id=3))
+
+    def crash(*args: Any) -> bool:
+        raise RuntimeError("killed after the rewrite's commit")
+
+    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
+    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
+    with pytest.raises(RuntimeError):
+        t.apply(envelope(older, newer))
+    monkeypatch.undo()
+    t.apply(envelope(older))
+    assert rows(t.to_arrow(), "id", "score") == [(1, "one"), (2, None)]
+    t.apply(envelope(newer))
+    assert rows(t.to_arrow(), "id", "score") == [(1, "one"), (2, "two"), (3, None)]
+
+
+@pytest.mark.parametrize("where", ["a key column", "a table without a key"])
+def test_a_type_change_the_source_cannot_be_read_again_for_is_refused(
+    tmp_path: Path, where: str
+) -> None:
+    fills = source_now()
+    if where == "a key column":
+        old, new = V2, relation(("id", TEXT, True), ("name", TEXT), ("score", INT4))
+        column = "id"
+    else:
+        old = relation(("id", INT4), ("score", INT4), identity="f")
+        new = relation(("id", INT4), ("score", TEXT), identity="f")
+        column = "score"
+    t = target(tmp_path, fills=fills)
+    t.apply(envelope(txn(0x100, insert(old, id=1, score=1))))
+    with pytest.raises(SchemaChangeError, match=rf"items\.{column}: type changed .* recopy"):
+        t.apply(envelope(txn(0x200, insert(new, id=2, score=2))))
+    assert fills.asked == [] and t.watermark == 0x100
+
+
 def test_scale_change_is_refused(tmp_path: Path) -> None:
     t = target(tmp_path)
     t.apply(envelope(txn(0x100, insert(relation(("n", NUMERIC, True, numeric(8, 2))), n="1.5"))))

@@ -39,8 +39,14 @@ in sequence order, batch by batch:
   int64, float32 → float64, decimal(p,s) → decimal(p',s) with p' ≥ p, and arrays of those)
   rewrites the table with the wider type in one commit before the batch's data; a change
   back to a narrower type the column already holds keeps the wider column;
-* anything else (e.g. int or decimal to text, a scale change) raises `SchemaChangeError`
-  naming the table, column, both types and the LSN of the change; nothing is written.
+* any other type change (int to text, text to int with a USING expression, a scale change,
+  timestamp to timestamptz) rewrites the table with the new type, every row holding the
+  value the source has now, read per key as for a renamed column (the server rewrote the
+  rows without a change; later changes of a row arrive after and are applied over it); a
+  history's ended versions keep their values cast to the new type, null where they cannot
+  be cast. A key column's type change, or one in a table without a key, raises
+  `SchemaChangeError` naming the table, column, both types and the LSN of the change;
+  nothing is written (the table can be copied again: `on_error`, ``pgcdc recopy``).
 
 Types Delta cannot store (``time`` as TimeType, ``interval`` as DayTimeIntervalType) raise
 `TargetError`; map them to strings (`MappingOptions(time="string", interval="string")`).
@@ -49,6 +55,7 @@ Types Delta cannot store (``time`` as TimeType, ``interval`` as DayTimeIntervalT
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -64,6 +71,7 @@ from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.targets.added_columns import (
+    AddedColumn,
     ColumnFill,
     FillSource,
     added_columns,
@@ -101,10 +109,12 @@ from pgcdc.targets.fold import (
 from pgcdc.targets.reconcile import diff_by_key, diff_multiset, hashable
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.columns import TextColumns
-from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
+from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions, arrow_type
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
 __all__ = ["CHUNK_KEY", "POINT_KEY", "DeltaTarget"]
+
+log = logging.getLogger(__name__)
 
 #: Commit metadata of an initial copy's chunk: the chunk, the copy's point, its rows.
 CHUNK_KEY, POINT_KEY, ROWS_KEY = (
@@ -196,13 +206,30 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _fit(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`_conform`, but values of a type the table no longer holds (a later type change is
+    in the table already, or this batch's fills them: `DeltaTarget._fill_older`) are null."""
+    stale = [
+        f.name
+        for f in table.schema
+        if f.name in schema.names
+        and not (
+            _same(f.type, schema.field(f.name).type) or _widens(f.type, schema.field(f.name).type)
+        )
+    ]
+    return _conform(table.drop_columns(stale), schema)
+
+
 @dataclass(slots=True)
 class _Evolution:
     """The table schema a batch needs: `schema` (current columns first, new ones after);
-    `widened`: existing columns whose type grows (the table is rewritten)."""
+    `widened`: existing columns whose type grows (the table is rewritten); `retyped`: columns
+    whose type changed to one their values cannot be cast to, each with the last shape that
+    changed it (the table is rewritten with the source's values)."""
 
     schema: pa.Schema
     widened: set[str]
+    retyped: dict[str, Shape]
 
 
 class DeltaTarget(Target):
@@ -240,6 +267,8 @@ class DeltaTarget(Target):
         self._builders: dict[Shape, ArrowBatchBuilder] = {}
         #: Per batch: the added columns' fills and the shape that has each.
         self._batch_fills: dict[str, tuple[ColumnFill, Shape]] = {}
+        #: Per batch: the columns whose type changed beyond a widening (see `_evolve`).
+        self._retyped: set[str] = set()
         self._writing_since: float | None = None
 
     def __repr__(self) -> str:
@@ -319,6 +348,7 @@ class DeltaTarget(Target):
         started = time.perf_counter()
         self._builders.clear()
         self._batch_fills.clear()
+        self._retyped = set()
         self._writing_since = None
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
@@ -380,12 +410,9 @@ class DeltaTarget(Target):
         self, table: DeltaTable | None, changes: list[Change], high: int, last: dict[str, Any]
     ) -> tuple[int, int, int]:
         source = self._check_source(table, changes)
-        current = None if table is None else self._schema(table)
-        evolution = self._evolve(current, changes, source)
+        evolution, before = self._schema_change(table, last, changes, source)
         schema = evolution.schema
-        shapes = list(dict.fromkeys(c.shape for c in changes))
-        before = self._resolve_fills(table, current, last, shapes)
-        commit = self._commit(high, shapes[-1])
+        commit = self._commit(high, changes[-1].shape)
         runs = list(segments(changes))
         # Everything that can fail on the data (typing, the policy on out-of-range values)
         # happens before the first write.
@@ -426,7 +453,7 @@ class DeltaTarget(Target):
         if table is None:
             self._create(schema, self._relation_source(relation))
             return
-        columns = json.dumps([c.name for c in relation.columns])
+        columns = _recorded_columns((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
         write_deltalake(
             table,
             schema.empty_table(),
@@ -672,10 +699,8 @@ class DeltaTarget(Target):
         shape = bulk.shape
         first = Change((0, 0), "insert", shape, None, None, None, (), rows.column("lsn")[0].as_py())
         source = self._check_source(table, [first])
-        current = None if table is None else self._schema(table)
-        evolution = self._evolve(current, [first], source)
+        evolution, before = self._schema_change(table, last, [first], source)
         schema = evolution.schema
-        before = self._resolve_fills(table, current, last, [shape])
         commit = self._commit(high, shape)
         columns = TextColumns(self._builder(shape).relation, self.registry, self.options, source)
         names = [c.name for c in shape.columns]
@@ -689,12 +714,10 @@ class DeltaTarget(Target):
         )
         data = pa.concat_tables(
             [
-                _conform(pa.Table.from_batches([upserts]), schema).append_column(
+                _fit(pa.Table.from_batches([upserts]), schema).append_column(
                     ACTION, pa.repeat("upsert", bulk.upsert_rows)
                 ),
-                _conform(deletes, schema).append_column(
-                    ACTION, pa.repeat("delete", bulk.delete_rows)
-                ),
+                _fit(deletes, schema).append_column(ACTION, pa.repeat("delete", bulk.delete_rows)),
             ]
         )
         self._writing_since = time.perf_counter()
@@ -723,8 +746,9 @@ class DeltaTarget(Target):
 
     def _commit(self, high: int, shape: Shape) -> CommitProperties:
         """A batch's last commit: the watermark, and the columns of the relation as of the
-        batch's last change (the next batch tells added columns by them)."""
-        columns = json.dumps([c.name for c in shape.columns])
+        batch's last change, with their types (the next batch tells added and retyped columns
+        by them)."""
+        columns = _recorded_columns((c.name, c.type_oid, c.type_modifier) for c in shape.columns)
         return CommitProperties(
             app_transactions=[Transaction(self.app_id, high)],
             custom_metadata={_COLUMNS: columns},
@@ -789,11 +813,49 @@ class DeltaTarget(Target):
         schema = self._builder(shape).schema
         return [f for f in schema if f.name != UNCHANGED_TOAST_COLUMN]
 
-    def _evolve(self, current: pa.Schema | None, changes: list[Change], source: str) -> _Evolution:
-        """The schema the batch's rows need, by the policy in the module docstring."""
+    def _schema_change(
+        self, table: DeltaTable | None, last: dict[str, Any], changes: list[Change], source: str
+    ) -> tuple[_Evolution, dict[str, tuple[ColumnFill, Shape]]]:
+        """The schema the batch's rows need (`_evolve`), and the fills of the columns the
+        target's rows need before the batch is written (`_resolve_fills`)."""
+        current = None if table is None else self._schema(table)
+        shapes = list(dict.fromkeys(c.shape for c in changes))
+        prior: list[str] | None = None
+        prior_types: dict[str, tuple[int, int]] = {}
+        if current is not None:
+            recorded = json.loads(last.get(_COLUMNS) or "null")
+            if recorded is None:
+                prior = [n for n in current.names if n not in (START_AT, END_AT)]
+            else:  # [name, type OID, type modifier], or (older tables) names only
+                prior = [c if isinstance(c, str) else c[0] for c in recorded]
+                prior_types = {c[0]: (c[1], c[2]) for c in recorded if not isinstance(c, str)}
+        added = added_columns(prior, shapes)
+        evolution = self._evolve(current, changes, source, set(added), prior_types)
+        return evolution, self._resolve_fills(prior, added, evolution.retyped)
+
+    def _evolve(
+        self,
+        current: pa.Schema | None,
+        changes: list[Change],
+        source: str,
+        readded: set[str],
+        prior_types: dict[str, tuple[int, int]],
+    ) -> _Evolution:
+        """The schema the batch's rows need, by the policy in the module docstring
+        (`readded`: the columns that appear in the batch, some perhaps with a name the table
+        holds from a column dropped before; `prior_types`: the source types of the columns
+        as of the last batch applied).
+
+        A column whose source type did not change since the last batch but which the table
+        holds in another type is ahead of the batch: a crash came after the table was
+        rewritten for a later type change and before that batch's commit, and the batch is
+        replayed in smaller pieces. Its values in the batch are left null (`_type`): the
+        type change comes again with a later batch, and fills every row."""
         types: dict[str, pa.DataType] = {} if current is None else {f.name: f.type for f in current}
+        source_types = dict(prior_types)
         widened: set[str] = set()
         added: set[str] = set()
+        retyped: dict[str, Shape] = {}
         seen: set[Shape] = set()
         for change in changes:
             shape = change.shape
@@ -803,11 +865,24 @@ class DeltaTarget(Target):
             for f in self._shape_fields(shape):
                 if self.mode == "history" and f.name in (START_AT, END_AT):
                     raise TargetError(f"{source}.{f.name}: the name of a history column")
+                column = next((c for c in shape.columns if c.name == f.name), None)
+                previous = source_type = None  # (pgcdc's own columns have none)
+                if column is not None:
+                    source_type = (column.type_oid, column.type_modifier)
+                    previous = source_types.get(f.name)
+                    source_types[f.name] = source_type
                 old = types.get(f.name)
                 if old is None:
                     _check_storable(source, f)
                     types[f.name] = f.type
                     added.add(f.name)
+                    continue
+                if (
+                    previous is not None
+                    and previous != source_type
+                    and not self._follows(previous, f.type)
+                ):
+                    pass  # the source changed the type, its values cannot be cast: retyped
                 elif _same(old, f.type) or _widens(f.type, old):
                     continue
                 elif _widens(old, f.type):
@@ -815,6 +890,13 @@ class DeltaTarget(Target):
                     types[f.name] = f.type
                     if f.name not in added:
                         widened.add(f.name)
+                    continue
+                elif previous is not None:
+                    continue  # the table is ahead of the batch (see above)
+                if f.name in readded or self._retypable(shape, f.name):
+                    _check_storable(source, f)
+                    types[f.name] = f.type
+                    retyped[f.name] = shape
                 else:
                     codec = self.registry.get(_column(shape, f.name).type_oid)
                     raise SchemaChangeError(
@@ -827,42 +909,70 @@ class DeltaTarget(Target):
         fields = [pa.field(name, t) for name, t in types.items()]
         if current is None and self.mode == "history":
             fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
-        return _Evolution(pa.schema(fields), widened)
+        return _Evolution(pa.schema(fields), widened - set(retyped), retyped)
+
+    def _follows(self, previous: tuple[int, int], new: pa.DataType) -> bool:
+        """Whether values of source type `previous` (OID, modifier) cast to `new` (the same
+        Arrow type, or one widens the other)."""
+        try:
+            old = arrow_type(*previous, self.registry, self.options)
+        except Exception:  # a type the registry no longer knows
+            return False
+        return _same(old, new) or _widens(old, new) or _widens(new, old)
+
+    def _retypable(self, shape: Shape, column: str) -> bool:
+        """Whether a column of `shape` whose type changed beyond a widening can take the
+        source's values again, read per key (`FillSource`): not a key column, and the table
+        has a key that is not the whole row."""
+        return (
+            self.fills is not None
+            and bool(shape.key_names)
+            and not shape.full_identity
+            and column not in shape.key_names
+        )
+
+    def _stale(self, shape: Shape, column: str) -> bool:
+        """Whether `column`, retyped in this batch, has its old type in `shape` (images of
+        `shape` then take the column's fill, as the table's rows do)."""
+        fill = self._batch_fills.get(column)
+        if column not in self._retyped or fill is None:
+            return False
+        return not _same_type(shape, fill[1], column)
 
     def _rewrite(
         self, table: DeltaTable, schema: pa.Schema, fills: dict[str, tuple[ColumnFill, Shape]]
     ) -> None:
         """The whole table again, in one commit without a watermark: with wider column types,
-        and each added column holding its fill (a history: in its current versions). Done
-        again after a crash, it writes the same."""
-        data = _conform(self._query(table, "SELECT * FROM t", self._schema(table)), schema)
+        and each added or retyped column holding its fill (a history: in its current
+        versions; a retyped column's ended versions keep their values cast to the new type,
+        or null where they cannot be). Done again after a crash, it writes the same."""
+        data = self._query(table, "SELECT * FROM t", self._schema(table))
+        ended: dict[str, pa.Array] = {}
+        for column in self._retyped & set(data.column_names):
+            old = data.column(column)
+            if self.mode == "history":
+                ended[column] = _cast_or_null(old, schema.field(column).type, self.path, column)
+            data = data.drop_columns([column])
+        data = _conform(data, schema)
         for column, (fill, shape) in fills.items():
             keys = data.select(list(shape.key_names)) if fill.rows is not None else data.select([])
             values = fill_values(self._builder(shape), column, fill, keys)
             if self.mode == "history":
                 current = pc.is_null(data.column(END_AT))
-                values = pc.if_else(current, values, pa.nulls(len(values), values.type))
+                before = ended.get(column, pa.nulls(len(values), values.type))
+                values = pc.if_else(current, values, before)
             data = _with_column(data, column, values)
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
 
     def _resolve_fills(
         self,
-        table: DeltaTable | None,
-        current: pa.Schema | None,
-        last: dict[str, Any],
-        shapes: list[Shape],
+        prior: list[str] | None,
+        added: dict[str, AddedColumn],
+        retyped: dict[str, Shape],
     ) -> dict[str, tuple[ColumnFill, Shape]]:
-        """Find the batch's added columns (`added_columns`) and ask for their fills (kept
-        for typing the batch's older images); the ones the target's rows need now."""
-        prior: list[str] | None = None
-        if current is not None:
-            recorded = last.get(_COLUMNS)
-            prior = (
-                json.loads(recorded)
-                if recorded
-                else [n for n in current.names if n not in (START_AT, END_AT)]
-            )
-        added = added_columns(prior, shapes)
+        """Ask for the fills of the batch's added columns (kept for typing the batch's older
+        images) and the values of its retyped columns that were not added (read per key);
+        the ones the target's rows (`prior`: its columns, None for no table) need now."""
         for column, found in added.items():
             fill = (
                 self.fills(found.shape, column, appended=found.appended)
@@ -870,9 +980,21 @@ class DeltaTarget(Target):
                 else ColumnFill()
             )
             self._batch_fills[column] = (fill, found.shape)
-        if table is None or prior is None:
+        for column, shape in retyped.items():
+            appeared = added.get(column)
+            if appeared is not None and _same_type(appeared.shape, shape, column):
+                continue  # added again after a drop: its fill is an added column's
+            if self.fills is None or not self._retypable(shape, column):
+                raise TargetError(
+                    f"{shape.name}.{column}: its type changed within the batch, after it was "
+                    "added, and its values cannot be read again by key (a key column, or a "
+                    "table without a key); recopy the table"
+                )
+            self._batch_fills[column] = (self.fills(shape, column, appended=False), shape)
+        self._retyped = set(retyped)
+        if prior is None:
             return {}
-        return {c: f for c, f in self._batch_fills.items() if c not in prior}
+        return {c: f for c, f in self._batch_fills.items() if c not in prior or c in retyped}
 
     # --- typing ------------------------------------------------------------------------
 
@@ -887,7 +1009,7 @@ class DeltaTarget(Target):
             builder = self._builder(shape)
             for i in positions:
                 builder.append(_tuple(images[i], shape), images[i].lsn)
-            part = _conform(pa.Table.from_batches([builder.flush()]), schema)
+            part = _fit(pa.Table.from_batches([builder.flush()]), schema)
             parts.append(self._fill_older(part, shape, [images[i] for i in positions]))
             order.extend(positions)
         data = pa.concat_tables(parts)
@@ -933,10 +1055,13 @@ class DeltaTarget(Target):
         return typed.append_column(ACTION, pa.array(actions, pa.string()))
 
     def _fill_older(self, part: pa.Table, shape: Shape, images: list[Image]) -> pa.Table:
-        """Typed rows of `shape` with the columns added after it holding their fill."""
+        """Typed rows of `shape` with the columns added after it (or retyped since) holding
+        their fill."""
         names = {c.name for c in shape.columns}
         for column, (fill, owner) in self._batch_fills.items():
-            if column in names or column not in part.column_names:
+            if column not in part.column_names or (
+                column in names and not self._stale(shape, column)
+            ):
                 continue
             texts = fill_texts(fill, owner.key_names, [image.values for image in images])
             builder = self._builder(owner)
@@ -1301,6 +1426,36 @@ def _tuple(image: Image, shape: Shape) -> TupleData:
 
 def _seq(seq: Seq | None) -> dict[str, int] | None:
     return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
+
+
+def _recorded_columns(columns: Iterable[tuple[str, int, int]]) -> str:
+    """The `_COLUMNS` commit metadata: [name, type OID, type modifier] per column."""
+    return json.dumps([list(c) for c in columns])
+
+
+def _same_type(a: Shape, b: Shape, column: str) -> bool:
+    """Whether `column` has the same type (and modifier) in shapes `a` and `b`."""
+    x, y = _column(a, column), _column(b, column)
+    return x.type_oid == y.type_oid and x.type_modifier == y.type_modifier
+
+
+def _cast_or_null(
+    values: pa.ChunkedArray, to: pa.DataType, path: str, column: str
+) -> pa.ChunkedArray:
+    """A retyped column's values in a history's ended versions: cast to the new type, or
+    null (with a warning) when any of them cannot be."""
+    try:
+        return values.cast(to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        log.warning(
+            "%s: column %s changed its type to %s; its values in the versions that ended "
+            "before cannot be cast (%s) and are null there",
+            path,
+            column,
+            to,
+            str(exc).splitlines()[0],
+        )
+        return pa.chunked_array([pa.nulls(len(values), to)])
 
 
 def _with_action(table: pa.Table, action: str) -> pa.Table:

@@ -60,6 +60,10 @@ def test_sizes(value: Any, expected: int) -> None:
         ({"tables": {"t": 5}}, "tables.'t': modes must be among"),
         ({"tables": {"t": ["x"]}}, "tables.'t': modes must be among"),
         ({"tables": {"t": {"modes": []}}}, "tables.'t': modes must be among"),
+        (
+            {"tables": {"t": ["mirror", "history", "mirror"]}},
+            "tables.'t': mode 'mirror' is given twice",
+        ),
         ({"tables": {"t": {"mode": "mirror"}}}, "tables.'t': unknown key 'mode'"),
         (
             {"tables": {"t": {"modes": "mirror", "on_error": "skip"}}},

@@ -128,3 +128,40 @@ def test_ordinary_ddl_while_streaming(
     finally:
         pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
         pg.execute("DROP TABLE IF EXISTS d, d2")
+
+
+def test_a_column_read_per_key_whose_type_changed_since(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """A renamed column's values are read per key when its batch is applied; by then the
+    source may hold them in another type, changed by a later transaction: they are not taken
+    in the old type (they would not parse, or be of the later time), the later batch's type
+    change gives every row its value."""
+    slot, publication = unique("ddl"), unique("pub")
+    pg.execute(
+        "CREATE TABLE r (id int PRIMARY KEY, v int);"
+        "INSERT INTO r SELECT g, g FROM generate_series(1, 20) g;"
+        f"CREATE PUBLICATION {publication} FOR TABLE r"
+    )
+    config = pipeline_config(
+        pg,
+        slot,
+        publication,
+        tmp_path / "lake",
+        {"public.r": ["mirror", "history"]},
+        max_changes_per_batch=1,  # a batch per transaction
+    )
+    config["source"]["create_slot"] = True
+    try:
+        run_pipeline(spark, config)
+        pg.execute("BEGIN; ALTER TABLE r RENAME v TO w; UPDATE r SET w = 0 WHERE id = 1; COMMIT")
+        pg.execute(
+            "BEGIN; ALTER TABLE r ALTER w TYPE text USING 'x' || w;"
+            "UPDATE r SET w = 'y' WHERE id = 2; COMMIT"
+        )
+        pipeline = run_pipeline(spark, config)
+        assert pipeline.stats.batches == 2
+        _assert_equal(pg, config, "r", "a rename, then a type change")
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute("DROP TABLE IF EXISTS r")

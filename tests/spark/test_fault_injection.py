@@ -254,9 +254,16 @@ class Workload:
             new = f"{old}r" if len(old) < 12 else f"e{self._column}x"
             cur.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
             added[added.index(old)] = new
-        elif kind == "retype":  # to text, or to int with other values: the table rewritten
+        elif kind == "retype":  # int to text, text to int with other values: a rewrite
             name = r.choice(added)
-            to = r.choice([" text USING 'r' || {0}", " int USING length({0}::text)"])
+            cur.execute(
+                "SELECT atttypid = 'int4'::regtype FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attname = %s",
+                (table, name),
+            )
+            # (a change to the same type with USING would rewrite the values unseen: no
+            # change of a row is logged for it, so no subscriber sees it)
+            to = " text USING 'r' || {0}" if cur.fetchone()[0] else " int USING length({0})"
             cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} TYPE{to.format(name)}")
         elif kind == "drop":
             name = r.choice(added)

@@ -113,7 +113,7 @@ def _target_names(pipeline: Pipeline) -> set[str]:
 def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
     config = load_config(path)
     console = console or Console(stderr=True)
-    console.print(f"[cyan]Starting Spark and the pipeline {config.name!r} ...[/]")
+    console.print(f"[cyan]Starting the pipeline {config.name!r} ...[/]")
     live_view: list[Any] = []
 
     def on_copy(progress: dict[str, TableProgress]) -> None:

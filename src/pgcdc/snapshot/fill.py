@@ -12,7 +12,10 @@ the source (the pipeline's `pgcdc.targets.added_columns.FillSource`).
   mirror: a row changed since carries its value in its own change, applied after.
 * A column that was not appended (renamed, or newly in the publication's column list) holds
   values of its own in the older rows: read by key, whatever its default.
-* A column the catalog no longer has by that name (dropped, or renamed, since) is NULL.
+* A column the catalog no longer has by that name (dropped, or renamed, since) is NULL, and so
+  is one whose type changed since: the stream brings that change later, and the value of
+  every row with it (`pgcdc.targets.delta`'s type changes); the values now would be of the
+  later type.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ log = logging.getLogger(__name__)
 
 _ATTRIBUTE = """
     SELECT a.atthasmissing, (a.attmissingval::text::text[])[1], a.atthasdef,
-           COALESCE(pg_partition_root(a.attrelid), a.attrelid)::regclass::text
+           COALESCE(pg_partition_root(a.attrelid), a.attrelid)::regclass::text,
+           a.atttypid::int, a.atttypmod
     FROM pg_attribute a
     WHERE a.attrelid = %s AND a.attname = %s AND NOT a.attisdropped AND a.attnum > 0"""
 
@@ -56,7 +60,16 @@ class SourceFills:
                     column,
                 )
                 return ColumnFill()
-            has_missing, missing, has_default, table = row
+            has_missing, missing, has_default, table, type_oid, type_modifier = row
+            column_info = next(c for c in shape.columns if c.name == column)
+            if (type_oid, type_modifier) != (column_info.type_oid, column_info.type_modifier):
+                log.info(
+                    "%s.%s: its type changed since; the stream brings the change and the "
+                    "values with it",
+                    shape.name,
+                    column,
+                )
+                return ColumnFill()
             if appended and has_missing:
                 return ColumnFill(text=missing)
             if appended and not has_default:

@@ -233,6 +233,9 @@ def _modes(table: str, value: Any) -> tuple[str, ...]:
         raise ConfigError(
             f"tables.{table!r}: modes must be among {', '.join(MODES)} (got {value!r})"
         )
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:
+        raise ConfigError(f"tables.{table!r}: mode {twice[0]!r} is given twice (one target each)")
     return tuple(modes)
 
 

@@ -124,11 +124,7 @@ class Pipeline:
         on_copy: Callable[[dict[str, TableProgress]], None] | None = None,
     ) -> None:
         self.config = config
-        if spark is None:
-            from pgcdc.spark.session import local_session
-
-            spark = local_session(f"pgcdc-{config.name}")
-        self.spark = spark
+        self._spark = spark
         self.on_batch = on_batch
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
@@ -165,6 +161,17 @@ class Pipeline:
         self.batch_log = BatchLog(Path(config.state_path) / "batches.jsonl")
         #: The Prometheus endpoint, while `run` runs with ``[metrics] port`` set.
         self.metrics: PipelineMetrics | None = None
+
+    @property
+    def spark(self) -> Any:
+        """The Spark session given, or a local one started on first use (after `run` has
+        checked the source: a wrong connection, slot or table is said without waiting for
+        Spark)."""
+        if self._spark is None:
+            from pgcdc.spark.session import local_session
+
+            self._spark = local_session(f"pgcdc-{self.config.name}")
+        return self._spark
 
     # -- a batch -----------------------------------------------------------------------------
 

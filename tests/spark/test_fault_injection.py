@@ -88,8 +88,11 @@ class Workload:
     dropped, their type changed; a column widened). A server crash in the middle is
     survived: the thread reconnects and goes on."""
 
-    def __init__(self, dsn: str, seed: int, *, max_steps: int, max_seconds: float) -> None:
+    def __init__(
+        self, dsn: str, seed: int, *, max_steps: int, max_seconds: float, ddl: float = 1.2
+    ) -> None:
         self.dsn = dsn
+        self.ddl = ddl  # the weight of DDL steps (of about 95 for the others)
         self.rng = random.Random(seed)
         self.max_steps = max_steps
         self.max_seconds = max_seconds
@@ -303,7 +306,7 @@ class Workload:
             return
         kind = r.choices(
             ["small", "big", "savepoint", "abort", "prepared", "truncate", "ddl"],
-            [70, 4, 8, 4, 8, 1.2, 1.2],
+            [70, 4, 8, 4, 8, 1.2, self.ddl],
         )[0]
         self.counts[kind] += 1
         if kind in ("truncate", "ddl"):
@@ -740,6 +743,7 @@ class Scenario:
     kills: int  # crash points and SIGKILLs before the final catch-up
     restart: bool  # crash-restart the server (-m immediate) during one of the runs
     budget: float  # seconds for everything but the final catch-up and the checks
+    ddl: float = 1.2  # the workload's weight of DDL steps (`Workload.ddl`)
 
 
 def schedule(s: Scenario, rng: random.Random) -> list[str]:
@@ -798,7 +802,7 @@ def _scenario(
     rng = random.Random(s.seed * 7919 + 1)
     lake = tmp_path / "lake"
     db.execute(SCHEMA)
-    workload = Workload(db.dsn, s.seed, max_steps=4000, max_seconds=s.budget + 60)
+    workload = Workload(db.dsn, s.seed, max_steps=4000, max_seconds=s.budget + 60, ddl=s.ddl)
     workload.preload()
     witness = Witness(db.dsn)
     witness.create()
@@ -959,17 +963,19 @@ DEFAULT = [
     pytest.param(Scenario(seed=1, kills=4, restart=True, budget=80), id="default-1"),
     pytest.param(Scenario(seed=2, kills=4, restart=False, budget=80), id="default-2"),
 ]
+#: PGCDC_FAULT_SEEDS=21,22,... tries more seeds; PGCDC_FAULT_DDL=12 gives them a workload
+#: with ten times the DDL (about one step in nine).
+_DDL = float(os.environ.get("PGCDC_FAULT_DDL", "1.2"))
 SLOW = [
     pytest.param(
-        Scenario(seed=seed, kills=10, restart=True, budget=220),
-        id=f"slow-{seed}",
+        Scenario(seed=seed, kills=10, restart=True, budget=220, ddl=ddl),
+        id=f"slow-{seed}{'-ddl' if ddl > 1.2 else ''}",
         marks=pytest.mark.slow,
     )
-    # PGCDC_FAULT_SEEDS=21,22,... tries more seeds
-    for seed in (
-        11,
-        12,
-        *map(int, filter(None, os.environ.get("PGCDC_FAULT_SEEDS", "").split(","))),
+    for seed, ddl in (
+        (11, 1.2),
+        (12, 12.0),  # DDL-heavy: columns added, renamed, dropped and retyped under the kills
+        *((int(s), _DDL) for s in os.environ.get("PGCDC_FAULT_SEEDS", "").split(",") if s),
     )
 ]
 

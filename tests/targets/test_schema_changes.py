@@ -30,6 +30,7 @@ from .envelopes import (
     numeric,
     relation,
     rows,
+    truncate,
     txn,
     update,
 )
@@ -328,6 +329,18 @@ def test_a_fill_read_per_row_from_the_source(tmp_path: Path) -> None:
     t.apply(envelope(txn(0x100, insert(V1, id=1), insert(V1, id=2), insert(V1, id=3))))
     t.apply(envelope(txn(0x200, insert(V1, id=4)), txn(0x300, insert(V2, id=5, score=50))))
     assert rows(t.to_arrow(), "id", "score") == [(1, 10), (2, 20), (3, None), (4, None), (5, 50)]
+
+
+@pytest.mark.parametrize("change", ["added", "retyped"])
+def test_a_fill_read_per_row_into_an_empty_table(tmp_path: Path, change: str) -> None:
+    """The table was emptied (a TRUNCATE) before the column came: nothing to fill."""
+    values = pa.table({"id": ["7"], "value": ["70"]})
+    t = target(tmp_path, fills=lambda shape, column, appended: ColumnFill(rows=values))
+    first = V1 if change == "added" else V2
+    t.apply(envelope(txn(0x100, insert(first, id=1)), txn(0x200, truncate(first))))
+    later = V2 if change == "added" else AS_TEXT
+    t.apply(envelope(txn(0x300, insert(later, id=7, score="7"))))
+    assert rows(t.to_arrow(), "id", "score") == [(7, 7 if change == "added" else "7")]
 
 
 def test_a_column_dropped_and_added_again_takes_its_new_fill(tmp_path: Path) -> None:

@@ -121,6 +121,7 @@ def fill_values(
 
     names = keys.column_names
     found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: typed(column, FILL_VALUE)})
-    rows = pa.table({**{n: keys.column(n) for n in names}, _ROW: pa.array(range(keys.num_rows))})
+    order = pa.array(range(keys.num_rows), pa.int64())  # (typed: a table may have no rows)
+    rows = pa.table({**{n: keys.column(n) for n in names}, _ROW: order})
     joined = rows.join(found, names, join_type="left outer").sort_by(_ROW)
     return joined.column(_FOUND).combine_chunks().cast(field.type)

@@ -183,6 +183,27 @@ def test_a_type_change_takes_the_sources_values(tmp_path: Path, mode: str, batch
     assert fills.asked == [("score", False)]
 
 
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_a_type_changed_and_back_in_one_batch(tmp_path: Path, mode: str) -> None:
+    """int to text to int (each with USING) in one batch: the shape before and after is the
+    same, yet the rows made before the last change hold what the server rewrote them to;
+    rows made after it hold their own value."""
+    fills = source_now(**{"1": "2", "2": "2", "3": "1"})
+    t = target(tmp_path, mode, fills=fills)
+    t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
+    t.apply(
+        envelope(
+            txn(0x200, insert(V2, id=2, score=2)),
+            txn(0x300, update(AS_TEXT, {"id": 1, "score": "r1"})),
+            txn(0x400, insert(V2, id=3, score=7)),
+        )
+    )
+    assert fills.asked == [("score", False)]
+    data = t.to_arrow()
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    assert rows(current, "id", "score") == [(1, 2), (2, 2), (3, 7)]
+
+
 def test_a_crash_after_the_retype_before_the_batch_converges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

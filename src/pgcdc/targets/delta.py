@@ -224,12 +224,13 @@ def _fit(table: pa.Table, schema: pa.Schema) -> pa.Table:
 class _Evolution:
     """The table schema a batch needs: `schema` (current columns first, new ones after);
     `widened`: existing columns whose type grows (the table is rewritten); `retyped`: columns
-    whose type changed to one their values cannot be cast to, each with the last shape that
-    changed it (the table is rewritten with the source's values)."""
+    whose type changed to one their values cannot be cast to, each with the first change of
+    its last type change (the table is rewritten with the source's values, and so are the
+    batch's images from before that change)."""
 
     schema: pa.Schema
     widened: set[str]
-    retyped: dict[str, Shape]
+    retyped: dict[str, Change]
 
 
 class DeltaTarget(Target):
@@ -267,8 +268,9 @@ class DeltaTarget(Target):
         self._builders: dict[Shape, ArrowBatchBuilder] = {}
         #: Per batch: the added columns' fills and the shape that has each.
         self._batch_fills: dict[str, tuple[ColumnFill, Shape]] = {}
-        #: Per batch: the columns whose type changed beyond a widening (see `_evolve`).
-        self._retyped: set[str] = set()
+        #: Per batch: the columns whose type changed beyond a widening, and the sequence of
+        #: the first change of their last type change (see `_evolve`).
+        self._retyped: dict[str, Seq] = {}
         self._writing_since: float | None = None
 
     def __repr__(self) -> str:
@@ -348,7 +350,7 @@ class DeltaTarget(Target):
         started = time.perf_counter()
         self._builders.clear()
         self._batch_fills.clear()
-        self._retyped = set()
+        self._retyped = {}
         self._writing_since = None
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
@@ -819,7 +821,10 @@ class DeltaTarget(Target):
         """The schema the batch's rows need (`_evolve`), and the fills of the columns the
         target's rows need before the batch is written (`_resolve_fills`)."""
         current = None if table is None else self._schema(table)
-        shapes = list(dict.fromkeys(c.shape for c in changes))
+        # the first change of each run of one shape: a shape may come back (a type changed
+        # and changed back), and each time counts
+        steps = [c for i, c in enumerate(changes) if i == 0 or c.shape != changes[i - 1].shape]
+        shapes = [c.shape for c in steps]
         prior: list[str] | None = None
         prior_types: dict[str, tuple[int, int]] = {}
         if current is not None:
@@ -830,19 +835,20 @@ class DeltaTarget(Target):
                 prior = [c if isinstance(c, str) else c[0] for c in recorded]
                 prior_types = {c[0]: (c[1], c[2]) for c in recorded if not isinstance(c, str)}
         added = added_columns(prior, shapes)
-        evolution = self._evolve(current, changes, source, set(added), prior_types)
+        evolution = self._evolve(current, steps, source, set(added), prior_types)
         return evolution, self._resolve_fills(prior, added, evolution.retyped)
 
     def _evolve(
         self,
         current: pa.Schema | None,
-        changes: list[Change],
+        steps: list[Change],
         source: str,
         readded: set[str],
         prior_types: dict[str, tuple[int, int]],
     ) -> _Evolution:
-        """The schema the batch's rows need, by the policy in the module docstring
-        (`readded`: the columns that appear in the batch, some perhaps with a name the table
+        """The schema the batch's rows need, by the policy in the module docstring (`steps`:
+        the first change of each run of one relation shape; `readded`: the columns that appear
+        in the batch, some perhaps with a name the table
         holds from a column dropped before; `prior_types`: the source types of the columns
         as of the last batch applied).
 
@@ -855,13 +861,9 @@ class DeltaTarget(Target):
         source_types = dict(prior_types)
         widened: set[str] = set()
         added: set[str] = set()
-        retyped: dict[str, Shape] = {}
-        seen: set[Shape] = set()
-        for change in changes:
+        retyped: dict[str, Change] = {}
+        for change in steps:
             shape = change.shape
-            if shape in seen:
-                continue
-            seen.add(shape)
             for f in self._shape_fields(shape):
                 if self.mode == "history" and f.name in (START_AT, END_AT):
                     raise TargetError(f"{source}.{f.name}: the name of a history column")
@@ -896,7 +898,7 @@ class DeltaTarget(Target):
                 if f.name in readded or self._retypable(shape, f.name):
                     _check_storable(source, f)
                     types[f.name] = f.type
-                    retyped[f.name] = shape
+                    retyped[f.name] = change
                 else:
                     codec = self.registry.get(_column(shape, f.name).type_oid)
                     raise SchemaChangeError(
@@ -931,13 +933,12 @@ class DeltaTarget(Target):
             and column not in shape.key_names
         )
 
-    def _stale(self, shape: Shape, column: str) -> bool:
-        """Whether `column`, retyped in this batch, has its old type in `shape` (images of
-        `shape` then take the column's fill, as the table's rows do)."""
-        fill = self._batch_fills.get(column)
-        if column not in self._retyped or fill is None:
-            return False
-        return not _same_type(shape, fill[1], column)
+    def _stale(self, image: Image, column: str) -> bool:
+        """Whether `image` was made before the last type change of `column` in this batch
+        (its value is then the fill, the source's, as the table's rows are: the server
+        rewrote the row without a change)."""
+        since = self._retyped.get(column)
+        return since is not None and image.seq is not None and image.seq < since
 
     def _rewrite(
         self, table: DeltaTable, schema: pa.Schema, fills: dict[str, tuple[ColumnFill, Shape]]
@@ -948,7 +949,7 @@ class DeltaTarget(Target):
         or null where they cannot be). Done again after a crash, it writes the same."""
         data = self._query(table, "SELECT * FROM t", self._schema(table))
         ended: dict[str, pa.Array] = {}
-        for column in self._retyped & set(data.column_names):
+        for column in set(self._retyped) & set(data.column_names):
             old = data.column(column)
             if self.mode == "history":
                 ended[column] = _cast_or_null(old, schema.field(column).type, self.path, column)
@@ -968,7 +969,7 @@ class DeltaTarget(Target):
         self,
         prior: list[str] | None,
         added: dict[str, AddedColumn],
-        retyped: dict[str, Shape],
+        retyped: dict[str, Change],
     ) -> dict[str, tuple[ColumnFill, Shape]]:
         """Ask for the fills of the batch's added columns (kept for typing the batch's older
         images) and the values of its retyped columns that were not added (read per key);
@@ -980,10 +981,11 @@ class DeltaTarget(Target):
                 else ColumnFill()
             )
             self._batch_fills[column] = (fill, found.shape)
-        for column, shape in retyped.items():
+        for column, change in retyped.items():
+            shape = change.shape
             appeared = added.get(column)
             if appeared is not None and _same_type(appeared.shape, shape, column):
-                continue  # added again after a drop: its fill is an added column's
+                continue  # added (again) in this batch, in the type it ends with: its fill
             if self.fills is None or not self._retypable(shape, column):
                 raise TargetError(
                     f"{shape.name}.{column}: its type changed within the batch, after it was "
@@ -991,7 +993,7 @@ class DeltaTarget(Target):
                     "table without a key); recopy the table"
                 )
             self._batch_fills[column] = (self.fills(shape, column, appended=False), shape)
-        self._retyped = set(retyped)
+        self._retyped = {column: change.seq for column, change in retyped.items()}
         if prior is None:
             return {}
         return {c: f for c, f in self._batch_fills.items() if c not in prior or c in retyped}
@@ -1055,19 +1057,24 @@ class DeltaTarget(Target):
         return typed.append_column(ACTION, pa.array(actions, pa.string()))
 
     def _fill_older(self, part: pa.Table, shape: Shape, images: list[Image]) -> pa.Table:
-        """Typed rows of `shape` with the columns added after it (or retyped since) holding
-        their fill."""
+        """Typed rows of `shape` with the columns added after it holding their fill, and
+        the images made before a column's type change holding its fill in that column."""
         names = {c.name for c in shape.columns}
         for column, (fill, owner) in self._batch_fills.items():
-            if column not in part.column_names or (
-                column in names and not self._stale(shape, column)
-            ):
+            if column not in part.column_names:
                 continue
+            if column in names:
+                stale = [self._stale(image, column) for image in images]
+                if not any(stale):
+                    continue
             texts = fill_texts(fill, owner.key_names, [image.values for image in images])
             builder = self._builder(owner)
             index = [c.name for c in owner.columns].index(column)
             encoded = [None if t is None else t.encode() for t in texts]
             values = builder.column_from_text(index, encoded)[0]
+            if column in names:
+                current = part.column(column)
+                values = pc.if_else(pa.array(stale), values.cast(current.type), current)
             part = _with_column(part, column, values)
         return part
 

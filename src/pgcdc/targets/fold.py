@@ -202,6 +202,8 @@ class Image:
     missing: dict[str, Key] = field(default_factory=dict)
     #: The LSN of the change that made the image, for error messages.
     lsn: int | None = None
+    #: The sequence of the change that made the image (what a type change came after).
+    seq: Seq | None = None
 
 
 def describe_seq(seq: Seq) -> str:
@@ -233,7 +235,7 @@ def _image_key(image: Image, seq: Seq) -> Key:
 def _key_image(values: Text | None, change: Change) -> Image:
     names = change.shape.key_names
     kept = {n: v for n, v in (values or {}).items() if n in names}
-    return Image(kept, change.shape, lsn=change.lsn)
+    return Image(kept, change.shape, lsn=change.lsn, seq=change.seq)
 
 
 def _identity(change: Change) -> Key:
@@ -267,7 +269,7 @@ def _new_image(change: Change, old: Key, previous: Image | object | None) -> Ima
         elif previous is _UNKNOWN:
             missing[column] = old
         # else the key was deleted or truncated earlier in the batch: nothing to keep
-    return Image(values, change.shape, missing, change.lsn)
+    return Image(values, change.shape, missing, change.lsn, change.seq)
 
 
 @dataclass(slots=True)
@@ -296,7 +298,7 @@ def fold_mirror(changes: Iterable[Change]) -> MirrorPlan:
             plan.lookups.clear()
             plan.truncated = True
         elif op == "insert":
-            image = Image(dict(change.after or {}), shape, lsn=change.lsn)
+            image = Image(dict(change.after or {}), shape, lsn=change.lsn, seq=change.seq)
             state[_image_key(image, change.seq)] = image
         elif op == "update":
             old = _identity(change)
@@ -372,7 +374,7 @@ def fold_history(changes: Iterable[Change]) -> HistoryPlan:
             if plan.truncated_at is None:
                 plan.truncated_at = seq
         elif op == "insert":
-            image = Image(dict(change.after or {}), shape, lsn=change.lsn)
+            image = Image(dict(change.after or {}), shape, lsn=change.lsn, seq=change.seq)
             new = _image_key(image, seq)
             if shape.key_names:  # without identity a row is new by definition
                 close(new, seq, _key_image(image.values, change))
@@ -459,7 +461,8 @@ def fold_multiset(changes: Iterable[Change]) -> MultisetPlan:
             if plan.truncated_at is None:
                 plan.truncated_at = change.seq
         elif op == "insert":
-            add(change, Image(dict(change.after or {}), change.shape, lsn=change.lsn))
+            image = Image(dict(change.after or {}), change.shape, lsn=change.lsn, seq=change.seq)
+            add(change, image)
         elif op == "update":
             # the old row is complete under identity FULL: unchanged TOAST values come from it
             image = _new_image(change, _identity(change), None)

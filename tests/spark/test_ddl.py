@@ -100,20 +100,31 @@ def _assert_equal(pg: Database, config: dict[str, Any], table: str, after: str) 
         )
 
 
+def _pipeline(
+    pg: Database, tmp_path: Path, table: str, rows: str, **trigger: Any
+) -> tuple[str, dict[str, Any]]:
+    """`table` (its CREATE TABLE) filled by `rows` (an INSERT), published, and the
+    configuration of a pipeline that copies it into a mirror and a history: the slot's name
+    and the configuration."""
+    slot, publication = unique("ddl"), unique("pub")
+    name = table.split()[2]
+    pg.execute(f"{table}; {rows}; CREATE PUBLICATION {publication} FOR TABLE {name}")
+    tables = {f"public.{name}": ["mirror", "history"]}
+    config = pipeline_config(pg, slot, publication, tmp_path / "lake", tables, **trigger)
+    config["source"]["create_slot"] = True
+    return slot, config
+
+
 @pytest.mark.parametrize("batches", ["a batch per step", "one batch for all"])
 def test_ordinary_ddl_while_streaming(
     spark: Any, pg: Database, tmp_path: Path, batches: str
 ) -> None:
-    slot, publication = unique("ddl"), unique("pub")
-    pg.execute(
-        "CREATE TABLE d (id int PRIMARY KEY, v text, n int);"
-        "INSERT INTO d SELECT g, 'v' || g, g FROM generate_series(1, 40) g;"
-        f"CREATE PUBLICATION {publication} FOR TABLE d"
+    slot, config = _pipeline(
+        pg,
+        tmp_path,
+        "CREATE TABLE d (id int PRIMARY KEY, v text, n int)",
+        "INSERT INTO d SELECT g, 'v' || g, g FROM generate_series(1, 40) g",
     )
-    config = pipeline_config(
-        pg, slot, publication, tmp_path / "lake", {"public.d": ["mirror", "history"]}
-    )
-    config["source"]["create_slot"] = True
     try:
         run_pipeline(spark, config)  # the initial copy
         _assert_equal(pg, config, "d", "the copy")
@@ -135,23 +146,15 @@ def test_a_column_read_per_key_whose_type_changed_since(
 ) -> None:
     """A renamed column's values are read per key when its batch is applied; by then the
     source may hold them in another type, changed by a later transaction: they are not taken
-    in the old type (they would not parse, or be of the later time), the later batch's type
+    in the old type (they would not parse, or would be the later ones), the later batch's type
     change gives every row its value."""
-    slot, publication = unique("ddl"), unique("pub")
-    pg.execute(
-        "CREATE TABLE r (id int PRIMARY KEY, v int);"
-        "INSERT INTO r SELECT g, g FROM generate_series(1, 20) g;"
-        f"CREATE PUBLICATION {publication} FOR TABLE r"
-    )
-    config = pipeline_config(
+    slot, config = _pipeline(
         pg,
-        slot,
-        publication,
-        tmp_path / "lake",
-        {"public.r": ["mirror", "history"]},
+        tmp_path,
+        "CREATE TABLE r (id int PRIMARY KEY, v int)",
+        "INSERT INTO r SELECT g, g FROM generate_series(1, 20) g",
         max_changes_per_batch=1,  # a batch per transaction
     )
-    config["source"]["create_slot"] = True
     try:
         run_pipeline(spark, config)
         pg.execute("BEGIN; ALTER TABLE r RENAME v TO w; UPDATE r SET w = 0 WHERE id = 1; COMMIT")

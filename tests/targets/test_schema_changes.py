@@ -212,15 +212,7 @@ def test_a_crash_after_the_retype_before_the_batch_converges(
     t = target(tmp_path, fills=source_now(**{"1": "one", "2": "two"}))
     t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
     batch = envelope(txn(0x200, insert(V2, id=2, score=2)), txn(0x300, insert(AS_TEXT, id=3)))
-
-    def crash(*args: Any) -> bool:
-        raise RuntimeError("killed after the rewrite's commit")
-
-    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
-    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
-    with pytest.raises(RuntimeError):
-        t.apply(batch)
-    monkeypatch.undo()
+    killed_before_the_commit(t, batch, monkeypatch)
     assert rows(t.to_arrow(), "id", "score") == [(1, "one")] and t.watermark == 0x100
     t.apply(batch)
     assert rows(t.to_arrow(), "id", "score") == [(1, "one"), (2, "two"), (3, None)]
@@ -235,15 +227,7 @@ def test_a_crash_after_the_retype_then_the_batch_in_pieces_converges(
     t = target(tmp_path, fills=source_now(**{"1": "one", "2": "two"}))
     t.apply(envelope(txn(0x100, insert(V2, id=1, score=1))))
     older, newer = txn(0x200, insert(V2, id=2, score=2)), txn(0x300, insert(AS_TEXT, id=3))
-
-    def crash(*args: Any) -> bool:
-        raise RuntimeError("killed after the rewrite's commit")
-
-    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
-    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
-    with pytest.raises(RuntimeError):
-        t.apply(envelope(older, newer))
-    monkeypatch.undo()
+    killed_before_the_commit(t, envelope(older, newer), monkeypatch)
     t.apply(envelope(older))
     assert rows(t.to_arrow(), "id", "score") == [(1, "one"), (2, None)]
     t.apply(envelope(newer))
@@ -295,6 +279,22 @@ def test_another_mode_or_table_is_refused(tmp_path: Path) -> None:
 
 
 # --- the value of an added column in older rows (ADD COLUMN ... DEFAULT) -------------------
+
+
+def killed_before_the_commit(
+    t: DeltaTarget, batch: pa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`t.apply(batch)` dies after any rewrite of the table, before the batch's data commit
+    (as a kill there would)."""
+
+    def crash(*args: Any) -> bool:
+        raise RuntimeError("killed before the batch's commit")
+
+    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
+    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
+    with pytest.raises(RuntimeError):
+        t.apply(batch)
+    monkeypatch.undo()
 
 
 def constant(value: str | None) -> Any:
@@ -380,15 +380,7 @@ def test_a_crash_after_the_fill_before_the_batch_fills_once(
     t = target(tmp_path, fills=constant("5"))
     t.apply(envelope(txn(0x100, insert(V1, id=1))))
     batch = envelope(txn(0x200, insert(V1, id=2)), txn(0x300, insert(V2, id=3, score=3)))
-
-    def crash(*args: Any) -> bool:
-        raise RuntimeError("killed after the fill's commit")
-
-    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
-    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
-    with pytest.raises(RuntimeError):
-        t.apply(batch)
-    monkeypatch.undo()
+    killed_before_the_commit(t, batch, monkeypatch)
     assert rows(t.to_arrow(), "id", "score") == [(1, 5)] and t.watermark == 0x100
     t.apply(batch)
     assert rows(t.to_arrow(), "id", "score") == [(1, 5), (2, 5), (3, 3)]

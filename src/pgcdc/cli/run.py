@@ -121,6 +121,7 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
             live_view[0]()
 
     pipeline = Pipeline(config, on_copy=on_copy)
+    pipeline.prepare()  # before the SIGINT handler: Spark installs one of its own
     lag = _Lag(config.conninfo)
     rates: list[tuple[float, int]] = []
     interrupts = 0

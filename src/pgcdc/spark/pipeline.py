@@ -164,9 +164,7 @@ class Pipeline:
 
     @property
     def spark(self) -> Any:
-        """The Spark session given, or a local one started on first use (after `run` has
-        checked the source: a wrong connection, slot or table is said without waiting for
-        Spark)."""
+        """The Spark session given, or a local one started on first use (`prepare`)."""
         if self._spark is None:
             from pgcdc.spark.session import local_session
 
@@ -506,11 +504,20 @@ class Pipeline:
             status_interval=config.status_interval,
         ).start()
 
-    def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
-        """Run until caught up (available-now), `stop()` or an error, after an initial copy
-        if one is due; `tick` is called about twice a second (for a progress view)."""
+    def prepare(self) -> None:
+        """Check the source (the connection, the slot, every table and its publication),
+        then start Spark: a wrong configuration is said at once, not after the JVM started.
+        Starting Spark installs its own SIGINT handler: a caller that handles Ctrl-C installs
+        its own after this."""
         self._check_slot()
         self.bind()
+        _ = self.spark
+
+    def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
+        """Run until caught up (available-now), `stop()` or an error, after an initial copy
+        if one is due (and `prepare` if it was not called); `tick` is called about twice a
+        second (for a progress view)."""
+        self.prepare()
         if self.config.metrics_port is not None:
             self.metrics = PipelineMetrics()
             self.metrics.start(self.config.metrics_port, self.config.metrics_host)

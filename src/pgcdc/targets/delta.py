@@ -848,9 +848,8 @@ class DeltaTarget(Target):
     ) -> _Evolution:
         """The schema the batch's rows need, by the policy in the module docstring (`steps`:
         the first change of each run of one relation shape; `readded`: the columns that appear
-        in the batch, some perhaps with a name the table
-        holds from a column dropped before; `prior_types`: the source types of the columns
-        as of the last batch applied).
+        in the batch, some perhaps with a name the table holds from a column dropped before;
+        `prior_types`: the source types of the columns as of the last batch applied).
 
         A column whose source type did not change since the last batch but which the table
         holds in another type is ahead of the batch: a crash came after the table was

@@ -71,6 +71,16 @@ STEPS = [
         "ALTER TABLE {t} ALTER COLUMN a2 TYPE numeric(6,1) USING length(a2) / 3.0",
         "UPDATE {t} SET a2 = 1.5 WHERE id = 12",
     ),
+    (
+        "add an identity column",
+        "ALTER TABLE {t} ADD COLUMN k int GENERATED ALWAYS AS IDENTITY",
+        "UPDATE {t} SET n = 3 WHERE id = 3",
+    ),
+    (
+        "change the primary key",
+        "ALTER TABLE {t} DROP CONSTRAINT d_pkey, ADD PRIMARY KEY (k)",
+        "UPDATE {t} SET n = 4 WHERE k = 6",
+    ),
     ("rename the table", "ALTER TABLE d RENAME TO d2", "UPDATE {t} SET n = 1 WHERE id = 8"),
     (
         "replica identity full",
@@ -168,3 +178,37 @@ def test_a_column_read_per_key_whose_type_changed_since(
     finally:
         pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
         pg.execute("DROP TABLE IF EXISTS r")
+
+
+def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """An identity column added (each row its own value, read per key when the batch is
+    applied), made the primary key, and a row deleted by it, all before the batch: the row is
+    gone when its value is read, so the target's row has none, and the delete (by the new
+    key) cannot find it. The table stops with one line, the slot stays; a recopy mends it."""
+    from pgcdc.spark.pipeline import PipelineFailed, request_recopy
+
+    slot, config = _pipeline(
+        pg,
+        tmp_path,
+        "CREATE TABLE s (id int PRIMARY KEY, v text)",
+        "INSERT INTO s SELECT g, 'v' || g FROM generate_series(1, 20) g",
+    )
+    try:
+        run_pipeline(spark, config)
+        pg.execute("ALTER TABLE s ADD COLUMN k int GENERATED ALWAYS AS IDENTITY")
+        pg.execute("UPDATE s SET v = 'kept' WHERE id = 2")
+        pg.execute("ALTER TABLE s DROP CONSTRAINT s_pkey, ADD PRIMARY KEY (k)")
+        pg.execute("UPDATE s SET v = 'by k' WHERE k = 3; DELETE FROM s WHERE k = 5")
+        with pytest.raises(PipelineFailed) as failed:
+            run_pipeline(spark, config)
+        line = str(failed.value)
+        assert "public.s: rows are matched by (k) from" in line, line
+        assert "1 row(s) of the target hold no value in it" in line and "recopy" in line
+        request_recopy(parse_config(config), "public.s")
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, "s", "the recopy")
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute("DROP TABLE IF EXISTS s")

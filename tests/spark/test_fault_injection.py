@@ -237,7 +237,7 @@ class Workload:
         r = self.rng
         table = r.choice(["a", "b"])
         added = self.added[table]
-        kinds = ["add", "add_default", "add_volatile"] if len(added) < 4 else []
+        kinds = ["add", "add_default", "add_volatile", "add_identity"] if len(added) < 4 else []
         kinds += ["rename", "drop", "widen", "retype"] if added else []
         kind = r.choice(kinds or ["widen"])
         self.counts[f"ddl_{kind}"] += 1
@@ -249,6 +249,7 @@ class Workload:
                 "add": "",
                 "add_default": f" DEFAULT {self._column}",
                 "add_volatile": " DEFAULT (random() * 1000)::int",
+                "add_identity": " GENERATED ALWAYS AS IDENTITY",  # a value per row, too
             }[kind]
             cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} int{default}")
             added.append(name)
@@ -260,13 +261,16 @@ class Workload:
         elif kind == "retype":  # int to text, text to int with other values: a rewrite
             name = r.choice(added)
             cur.execute(
-                "SELECT atttypid = 'int4'::regtype FROM pg_attribute "
+                "SELECT atttypid = 'int4'::regtype, attidentity <> '' FROM pg_attribute "
                 "WHERE attrelid = %s::regclass AND attname = %s",
                 (table, name),
             )
             # (a change to the same type with USING would rewrite the values unseen: no
             # change of a row is logged for it, so no subscriber sees it)
-            to = " text USING 'r' || {0}" if cur.fetchone()[0] else " int USING length({0})"
+            is_int, identity = cur.fetchone()
+            if identity:  # an identity column is an integer: no longer one first
+                cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} DROP IDENTITY")
+            to = " text USING 'r' || {0}" if is_int else " int USING length({0})"
             cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} TYPE{to.format(name)}")
         elif kind == "drop":
             name = r.choice(added)

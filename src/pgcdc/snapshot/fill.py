@@ -6,7 +6,8 @@ the source (the pipeline's `pgcdc.targets.added_columns.FillSource`).
   until the table is rewritten, so the catalog read later still gives the value of the change's
   point.
 * A column added without a default is NULL in every older row (later updates stream).
-* A column with a default but no missing value was added with a volatile default, or the table
+* A column with a default but no missing value was added with a volatile default (an identity
+  column's next value, a domain's default checked by the domain's constraints), or the table
   was rewritten since: the values are in the rows only, so they are read from the table by key
   (the column as the walsender session prints it). Reading later than the change is safe for a
   mirror: a row changed since carries its value in its own change, applied after.
@@ -36,10 +37,12 @@ __all__ = ["SourceFills"]
 log = logging.getLogger(__name__)
 
 _ATTRIBUTE = """
-    SELECT a.atthasmissing, (a.attmissingval::text::text[])[1], a.atthasdef,
+    SELECT a.atthasmissing, (a.attmissingval::text::text[])[1],
+           a.atthasdef OR a.attidentity <> ''
+               OR t.typdefaultbin IS NOT NULL OR t.typdefault IS NOT NULL,
            COALESCE(pg_partition_root(a.attrelid), a.attrelid)::regclass::text,
            a.atttypid::int, a.atttypmod
-    FROM pg_attribute a
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
     WHERE a.attrelid = %s AND a.attname = %s AND NOT a.attisdropped AND a.attnum > 0"""
 
 
@@ -60,6 +63,7 @@ class SourceFills:
                     column,
                 )
                 return ColumnFill()
+            # has_default: the column's own, an identity's or its type's (a domain's)
             has_missing, missing, has_default, table, type_oid, type_modifier = row
             column_info = next(c for c in shape.columns if c.name == column)
             if (type_oid, type_modifier) != (column_info.type_oid, column_info.type_modifier):

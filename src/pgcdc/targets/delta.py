@@ -426,9 +426,14 @@ class DeltaTarget(Target):
         elif evolution.widened or before:
             self._rewrite(table, schema, before)
         upserts = deletes = 0
+        keys = _recorded_keys(last)
         for i, (plan, data, run) in enumerate(zip(plans, typed, runs, strict=True)):
             final = i == len(plans) - 1
             table = self._load()
+            shape = run[0].shape
+            if keys is not None and shape.key_names != keys:
+                self._check_new_key(table, shape, run[0].seq, schema)
+            keys = shape.key_names
             props = commit if final else self._partial_commit(run[-1].seq)
             if isinstance(plan, MultisetPlan):
                 written = self._write_multiset(table, plan, data, schema, props)
@@ -455,7 +460,9 @@ class DeltaTarget(Target):
         if table is None:
             self._create(schema, self._relation_source(relation))
             return
-        columns = _recorded_columns((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+        columns = _recorded_columns(
+            (c.name, c.type_oid, c.type_modifier, bool(c.flags & 1)) for c in relation.columns
+        )
         write_deltalake(
             table,
             schema.empty_table(),
@@ -750,7 +757,9 @@ class DeltaTarget(Target):
         """A batch's last commit: the watermark, and the columns of the relation as of the
         batch's last change, with their types (the next batch tells added and retyped columns
         by them)."""
-        columns = _recorded_columns((c.name, c.type_oid, c.type_modifier) for c in shape.columns)
+        columns = _recorded_columns(
+            (c.name, c.type_oid, c.type_modifier, c.key) for c in shape.columns
+        )
         return CommitProperties(
             app_transactions=[Transaction(self.app_id, high)],
             custom_metadata={_COLUMNS: columns},
@@ -1151,6 +1160,33 @@ class DeltaTarget(Target):
 
     # --- writing -----------------------------------------------------------------------
 
+    def _check_new_key(self, table: DeltaTable, shape: Shape, seq: Seq, schema: pa.Schema) -> None:
+        """Rows are matched by `shape`'s key from `seq` on, a key other than before (a new
+        primary key or replica identity index). The source has a value in each of its
+        columns in every row; a row of the target without one (a column added with values
+        read per key, missing for a row deleted or re-keyed since) would never be matched
+        again: stop rather than keep it, or insert its next version beside it."""
+        if shape.full_identity or not shape.key_names or self.mode == "changelog":
+            return
+        names = set(schema.names)
+        if not names.issuperset(shape.key_names):
+            return  # a key column new to the table: added by this batch, with its values
+        nulls = " OR ".join(f"{_q(k)} IS NULL" for k in shape.key_names)
+        current = f" AND {_q(END_AT)} IS NULL" if self.mode == "history" else ""
+        counted = self._query(
+            table,
+            f"SELECT count(*) AS n FROM t WHERE ({nulls}){current}",
+            pa.schema([("n", pa.int64())]),
+        )
+        missing = counted.column("n")[0].as_py()
+        if missing:
+            raise TargetError(
+                f"{shape.name}: rows are matched by ({', '.join(shape.key_names)}) from "
+                f"{describe_seq(seq)} on, and {missing} row(s) of the target hold no value "
+                "in it (values read per key from the source, for rows changed or deleted "
+                "since): their later changes could not find them; recopy the table"
+            )
+
     def _key_match(self, shape: Shape | None) -> list[str]:
         if shape is None or not shape.key_names:
             return ["FALSE"]  # no identity: rows are only ever inserted
@@ -1434,9 +1470,17 @@ def _seq(seq: Seq | None) -> dict[str, int] | None:
     return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
 
 
-def _recorded_columns(columns: Iterable[tuple[str, int, int]]) -> str:
-    """The `_COLUMNS` commit metadata: [name, type OID, type modifier] per column."""
+def _recorded_columns(columns: Iterable[tuple[str, int, int, bool]]) -> str:
+    """The `_COLUMNS` commit metadata: [name, type OID, type modifier, key] per column."""
     return json.dumps([list(c) for c in columns])
+
+
+def _recorded_keys(last: dict[str, Any]) -> tuple[str, ...] | None:
+    """The key columns recorded with the last batch (None: not recorded)."""
+    recorded = json.loads(last.get(_COLUMNS) or "null")
+    if recorded is None or any(isinstance(c, str) or len(c) < 4 for c in recorded):
+        return None
+    return tuple(c[0] for c in recorded if c[3])
 
 
 def _same_type(a: Shape, b: Shape, column: str) -> bool:

@@ -81,6 +81,21 @@ STEPS = [
         "ALTER TABLE {t} DROP CONSTRAINT d_pkey, ADD PRIMARY KEY (k)",
         "UPDATE {t} SET n = 4 WHERE k = 6",
     ),
+    (
+        "limit a text's length",
+        "ALTER TABLE {t} ALTER COLUMN v2 TYPE varchar(20)",
+        "UPDATE {t} SET v2 = 'short' WHERE id = 13",
+    ),
+    (
+        "lengthen it",
+        "ALTER TABLE {t} ALTER COLUMN v2 TYPE varchar(40)",
+        "UPDATE {t} SET v2 = 'a little longer' WHERE id = 14",
+    ),
+    (
+        "widen a numeric",
+        "ALTER TABLE {t} ALTER COLUMN a2 TYPE numeric(9,1)",
+        "UPDATE {t} SET a2 = 12345.6 WHERE id = 15",
+    ),
     ("rename the table", "ALTER TABLE d RENAME TO d2", "UPDATE {t} SET n = 1 WHERE id = 8"),
     (
         "replica identity full",

@@ -269,7 +269,10 @@ class Workload:
             # change of a row is logged for it, so no subscriber sees it)
             is_int, identity = cur.fetchone()
             if identity:  # an identity column is an integer: no longer one first
-                cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} DROP IDENTITY")
+                cur.execute(
+                    f"ALTER TABLE {table} ALTER COLUMN {name} DROP IDENTITY, "
+                    f"ALTER COLUMN {name} DROP NOT NULL"
+                )
             to = " text USING 'r' || {0}" if is_int else " int USING length({0})"
             cur.execute(f"ALTER TABLE {table} ALTER COLUMN {name} TYPE{to.format(name)}")
         elif kind == "drop":

@@ -352,6 +352,26 @@ def test_a_fill_read_per_row_from_the_source(tmp_path: Path) -> None:
     assert rows(t.to_arrow(), "id", "score") == [(1, 10), (2, 20), (3, None), (4, None), (5, 50)]
 
 
+@pytest.mark.parametrize("now", ["int8", "text"])
+def test_a_fill_read_in_a_type_changed_since(tmp_path: Path, now: str) -> None:
+    """A column read per key after the source changed its type (renamed, then retyped, before
+    the batch was applied). Widened since (int4 to int8, a change the target follows by
+    keeping values): each value the int4 column can hold is taken, one that cannot is null
+    (its row changed since: its change comes later). Retyped beyond that (to text): null,
+    until the stream's type change rewrites the column with the source's values."""
+    values = pa.table({"id": ["1", "2"], "value": ["10", "5000000000"]})
+    later = (20, -1) if now == "int8" else (25, -1)
+
+    def fills(shape: Any, column: str, *, appended: bool) -> ColumnFill:
+        return ColumnFill(rows=values, later_type=later)
+
+    t = target(tmp_path, fills=fills)
+    t.apply(envelope(txn(0x100, insert(V1, id=1), insert(V1, id=2))))
+    t.apply(envelope(txn(0x200, insert(V2, id=3, score=30))))
+    expected = [(1, 10), (2, None), (3, 30)] if now == "int8" else [(1, None), (2, None), (3, 30)]
+    assert rows(t.to_arrow(), "id", "score") == expected
+
+
 @pytest.mark.parametrize("change", ["added", "retyped"])
 def test_a_fill_read_per_row_into_an_empty_table(tmp_path: Path, change: str) -> None:
     """The table was emptied (a TRUNCATE) before the column came: nothing to fill."""

@@ -13,10 +13,12 @@ the source (the pipeline's `pgcdc.targets.added_columns.FillSource`).
   mirror: a row changed since carries its value in its own change, applied after.
 * A column that was not appended (renamed, or newly in the publication's column list) holds
   values of its own in the older rows: read by key, whatever its default.
-* A column the catalog no longer has by that name (dropped, or renamed, since) is NULL, and so
-  is one whose type changed since: the stream brings that change later, and the value of
-  every row with it (`pgcdc.targets.delta`'s type changes); the values now would be of the
-  later type.
+* A column the catalog no longer has by that name (dropped, or renamed, since) is NULL.
+* A column whose type changed since is read in its type of now, and says so
+  (`ColumnFill.later_type`): the target knows whether it keeps values through that type change
+  (a widening, or the same Arrow type: then each value its earlier type can hold is taken) or
+  rewrites the column when the stream brings the change (then NULL until that change fills
+  every row).
 """
 
 from __future__ import annotations
@@ -66,18 +68,14 @@ class SourceFills:
             # has_default: the column's own, an identity's or its type's (a domain's)
             has_missing, missing, has_default, table, type_oid, type_modifier = row
             column_info = next(c for c in shape.columns if c.name == column)
-            if (type_oid, type_modifier) != (column_info.type_oid, column_info.type_modifier):
-                log.info(
-                    "%s.%s: its type changed since; the stream brings the change and the "
-                    "values with it",
-                    shape.name,
-                    column,
-                )
-                return ColumnFill()
+            now = (type_oid, type_modifier)
+            later = None if now == (column_info.type_oid, column_info.type_modifier) else now
             if appended and has_missing:
-                return ColumnFill(text=missing)
+                return ColumnFill(text=missing, later_type=later)
             if appended and not has_default:
                 return ColumnFill()
+            if later is not None and (not shape.key_names or shape.full_identity):
+                return ColumnFill()  # the type change stops the table: nothing to read by
             if not shape.key_names or shape.full_identity:
                 why = (
                     "added with a volatile default (or the table was rewritten since)"
@@ -98,5 +96,6 @@ class SourceFills:
         return ColumnFill(
             rows=pa.table(
                 {n: pa.array(v, pa.string()) for n, v in zip(columns, values, strict=True)}
-            )
+            ),
+            later_type=later,
         )

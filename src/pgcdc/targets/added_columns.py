@@ -50,10 +50,16 @@ class ColumnFill:
 
     Either `text`, one value for every such row (the server's text; None: NULL), or `rows`:
     per row, the table's key columns and the column (named `FILL_VALUE`), as the server's
-    text, read from the source table (a volatile default, or a table rewritten since)."""
+    text, read from the source table (a volatile default, or a table rewritten since).
+
+    `later_type`: the source type (OID, modifier) the values are in, when the column no
+    longer has the type of the shape that added it (changed since; None: the same). Typed
+    as the shape's column, a value that type cannot hold is then null: its row has changed
+    since, and its change comes later in the stream."""
 
     text: str | None = None
     rows: pa.Table | None = None
+    later_type: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +115,16 @@ def fill_values(
     columns are `keys` (one value per row of `keys`; null where the source has no row)."""
     position = {c.name: i for i, c in enumerate(builder.relation.columns)}
     field = builder.schema.field(position[column])
+    lenient = fill.later_type is not None
     if fill.rows is None:
         text = None if fill.text is None else fill.text.encode()
-        value = builder.column_from_text(position[column], [text])[0]
+        value = _from_text(builder, position[column], [text], lenient)
         return pa.repeat(value[0], keys.num_rows).cast(field.type)
 
     def typed(name: str, source: str) -> pa.Array:
         assert fill.rows is not None
         texts = [None if v is None else v.encode() for v in fill.rows.column(source).to_pylist()]
-        return builder.column_from_text(position[name], texts)[0]
+        return _from_text(builder, position[name], texts, lenient and source == FILL_VALUE)
 
     names = keys.column_names
     found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: typed(column, FILL_VALUE)})
@@ -125,3 +132,22 @@ def fill_values(
     rows = pa.table({**{n: keys.column(n) for n in names}, _ROW: order})
     joined = rows.join(found, names, join_type="left outer").sort_by(_ROW)
     return joined.column(_FOUND).combine_chunks().cast(field.type)
+
+
+def _from_text(
+    builder: ArrowBatchBuilder, i: int, texts: list[bytes | None], lenient: bool
+) -> pa.Array:
+    """Column `i` from the server's text; `lenient`: a value the column's type cannot hold
+    (text of a later type) is null."""
+    if not lenient:
+        return builder.column_from_text(i, texts)[0]
+    try:
+        return builder.column_from_text(i, texts)[0]
+    except Exception:  # some value does not parse or fit: each on its own
+        cells = []
+        for text in texts:
+            try:
+                cells.append(builder.column_from_text(i, [text])[0])
+            except Exception:
+                cells.append(pa.nulls(1, builder.schema.field(i).type))
+        return pa.concat_arrays(cells) if cells else builder.column_from_text(i, [])[0]

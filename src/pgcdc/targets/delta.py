@@ -432,7 +432,7 @@ class DeltaTarget(Target):
             table = self._load()
             shape = run[0].shape
             if keys is not None and shape.key_names != keys:
-                self._check_new_key(table, shape, run[0].seq, schema)
+                self._check_new_key(table, shape, run[0].seq)
             keys = shape.key_names
             props = commit if final else self._partial_commit(run[-1].seq)
             if isinstance(plan, MultisetPlan):
@@ -983,11 +983,7 @@ class DeltaTarget(Target):
         images) and the values of its retyped columns that were not added (read per key);
         the ones the target's rows (`prior`: its columns, None for no table) need now."""
         for column, found in added.items():
-            fill = (
-                self.fills(found.shape, column, appended=found.appended)
-                if self.fills is not None
-                else ColumnFill()
-            )
+            fill = self._fill_of(found.shape, column, appended=found.appended)
             self._batch_fills[column] = (fill, found.shape)
         for column, change in retyped.items():
             shape = change.shape
@@ -1000,11 +996,29 @@ class DeltaTarget(Target):
                     "added, and its values cannot be read again by key (a key column, or a "
                     "table without a key); recopy the table"
                 )
-            self._batch_fills[column] = (self.fills(shape, column, appended=False), shape)
+            self._batch_fills[column] = (self._fill_of(shape, column, appended=False), shape)
         self._retyped = {column: change.seq for column, change in retyped.items()}
         if prior is None:
             return {}
         return {c: f for c, f in self._batch_fills.items() if c not in prior or c in retyped}
+
+    def _fill_of(self, shape: Shape, column: str, *, appended: bool) -> ColumnFill:
+        """`column`'s fill for the rows before `shape`. Values read in a type the source
+        changed the column to since: kept (those `shape`'s type can hold) when the target
+        keeps values through that change, else NULL (the change rewrites the column with
+        the source's values when the stream brings it)."""
+        if self.fills is None:
+            return ColumnFill()
+        fill = self.fills(shape, column, appended=appended)
+        later = fill.later_type
+        if later is not None and not self._follows(later, self._shape_type(shape, column)):
+            return ColumnFill()
+        return fill
+
+    def _shape_type(self, shape: Shape, column: str) -> pa.DataType:
+        builder = self._builder(shape)
+        names = [c.name for c in builder.relation.columns]
+        return builder.schema.field(names.index(column)).type
 
     # --- typing ------------------------------------------------------------------------
 
@@ -1160,7 +1174,7 @@ class DeltaTarget(Target):
 
     # --- writing -----------------------------------------------------------------------
 
-    def _check_new_key(self, table: DeltaTable, shape: Shape, seq: Seq, schema: pa.Schema) -> None:
+    def _check_new_key(self, table: DeltaTable, shape: Shape, seq: Seq) -> None:
         """Rows are matched by `shape`'s key from `seq` on, a key other than before (a new
         primary key or replica identity index). The source has a value in each of its
         columns in every row; a row of the target without one (a column added with values
@@ -1168,8 +1182,7 @@ class DeltaTarget(Target):
         again: stop rather than keep it, or insert its next version beside it."""
         if shape.full_identity or not shape.key_names or self.mode == "changelog":
             return
-        names = set(schema.names)
-        if not names.issuperset(shape.key_names):
+        if not set(self._schema(table).names).issuperset(shape.key_names):
             return  # a key column new to the table: added by this batch, with its values
         nulls = " OR ".join(f"{_q(k)} IS NULL" for k in shape.key_names)
         current = f" AND {_q(END_AT)} IS NULL" if self.mode == "history" else ""

@@ -8,6 +8,7 @@ that is not installed skips its tests and is named in the terminal summary.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,14 @@ SERVER_FIXTURES = {"pg_server", "pg"}
 
 _skipped_versions: dict[int, str] = {}
 _started: dict[int, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a shell without job control (``pytest … &`` in a
+    script) ignores SIGINT, and so would every command the tests start: the tests that press
+    Ctrl-C in them would fail. Take it back."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _selected_versions() -> set[int] | None:

@@ -227,3 +227,54 @@ def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
     finally:
         pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
         pg.execute("DROP TABLE IF EXISTS s")
+
+
+def test_an_identity_index_a_schema_move_constraints_and_rewrites(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """Rows matched by a unique index's column (`REPLICA IDENTITY USING INDEX`, its key
+    changed), the table moved to another schema and back (followed by OID), constraints and
+    defaults set and dropped, a rewrite without a change (`CLUSTER`), and the index's column
+    dropped with the identity back to the primary key."""
+    slot, config = _pipeline(
+        pg,
+        tmp_path,
+        "CREATE TABLE q (id int PRIMARY KEY, u int NOT NULL, v text)",
+        "INSERT INTO q SELECT g, g + 100, 'v' || g FROM generate_series(1, 20) g",
+    )
+    try:
+        run_pipeline(spark, config)
+        pg.execute(
+            "CREATE UNIQUE INDEX q_u ON q (u); ALTER TABLE q REPLICA IDENTITY USING INDEX q_u"
+        )
+        pg.execute(
+            "UPDATE q SET v = 'x' WHERE id = 3; UPDATE q SET u = 500 WHERE id = 4;"
+            "DELETE FROM q WHERE id = 5"
+        )
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, "q", "identity by index")
+        pg.execute("CREATE SCHEMA IF NOT EXISTS other; ALTER TABLE q SET SCHEMA other")
+        pg.execute(
+            "UPDATE other.q SET v = 'y' WHERE id = 6; INSERT INTO other.q VALUES (99, 999, 'n')"
+        )
+        run_pipeline(spark, config)
+        pg.execute("ALTER TABLE other.q SET SCHEMA public")
+        _assert_equal(pg, config, "q", "set schema")
+        pg.execute(
+            "ALTER TABLE q ALTER COLUMN v SET NOT NULL, ALTER COLUMN v SET DEFAULT 'd',"
+            "ADD CONSTRAINT c CHECK (u > 0)"
+        )
+        pg.execute(
+            "INSERT INTO q (id, u) VALUES (100, 1000); ALTER TABLE q ALTER COLUMN v DROP DEFAULT"
+        )
+        pg.execute("CLUSTER q USING q_pkey")
+        pg.execute("UPDATE q SET v = 'z' WHERE id = 7")
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, "q", "constraints and rewrites")
+        pg.execute("ALTER TABLE q DROP COLUMN u, REPLICA IDENTITY DEFAULT")
+        pg.execute("UPDATE q SET v = 'w' WHERE id = 8")
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, "q", "dropped the identity index's column")
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute("DROP TABLE IF EXISTS q, other.q")

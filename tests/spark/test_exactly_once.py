@@ -199,7 +199,7 @@ def test_the_pipeline_warns_when_the_slot_retains_too_much_wal(
 
 
 def test_partitions_published_on_their_own_feed_the_parent(
-    spark: Any, pg: Database, tmp_path: Path
+    spark: Any, pg: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without publish_via_partition_root each partition's changes come under its own OID:
     they go to the parent's targets, also for a partition attached later; a TRUNCATE of the
@@ -224,11 +224,21 @@ def test_partitions_published_on_their_own_feed_the_parent(
         "ALTER TABLE m ATTACH PARTITION m_3 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');"
         "INSERT INTO m VALUES (1000, '2027-05-01', 'attached'); UPDATE m SET v = 'u' WHERE id < 5"
     )
-    run_pipeline(spark, config)
+    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+        run_pipeline(spark, config)
+    assert "public.m: partition(s) attached since the pipeline last ran" in caplog.text
     assert_identical(pg, config)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+        run_pipeline(spark, config)  # said once
+    assert "attached" not in caplog.text
     pg.execute("TRUNCATE m; INSERT INTO m VALUES (1, '2025-02-02', 'after')")
     run_pipeline(spark, config)
     assert_identical(pg, config)
+    pg.execute("ALTER TABLE m DETACH PARTITION m_3")  # its rows leave without a change
+    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+        run_pipeline(spark, config)
+    assert "public.m: partition(s) detached since the pipeline last ran" in caplog.text
     pg.execute("INSERT INTO m VALUES (2, '2026-02-02', 'b'); TRUNCATE m_1")
     with pytest.raises(PipelineFailed, match=r"public\.m: cannot apply .*TRUNCATE of some of its"):
         run_pipeline(spark, config)

@@ -7,7 +7,8 @@ the OID the name resolved to (``<state>/tables.json``), and from then on routes 
 its ``relation_oid``: a renamed table keeps streaming into the same targets. A partitioned
 table binds its partitions too (their changes arrive under their own OIDs unless the
 publication publishes via the root); a partition attached later is bound when its first
-change arrives.
+change arrives, with a warning: ``ATTACH PARTITION`` brings the rows the partition holds into
+the table without a change the stream could carry (and ``DETACH`` takes them away likewise).
 
 Checked before anything else runs, each with one line naming the table:
 
@@ -79,21 +80,46 @@ def _quoted(table: str) -> str:
     return '"{}"."{}"'.format((schema or "public").replace('"', '""'), name.replace('"', '""'))
 
 
-def _load(path: Path) -> dict[str, int]:
+def _load(path: Path) -> tuple[dict[str, int], dict[str, set[int]]]:
+    """The recorded OIDs of the tables, and of the leaf partitions of partitioned ones."""
     if not path.exists():
-        return {}
+        return {}, {}
     try:
         data = json.loads(path.read_text())
-        return {str(k): int(v) for k, v in data["oids"].items()}
+        oids = {str(k): int(v) for k, v in data["oids"].items()}
+        leaves = {str(k): {int(o) for o in v} for k, v in data.get("leaves", {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BindingError(f"{path}: unreadable table bindings ({exc})") from None
+    return oids, leaves
 
 
-def _save(path: Path, oids: dict[str, int]) -> None:
+def _save(path: Path, oids: dict[str, int], leaves: dict[str, set[int]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"oids": oids}, indent=1, sort_keys=True))
+    recorded = {"oids": oids, "leaves": {t: sorted(o) for t, o in leaves.items()}}
+    tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
     tmp.replace(path)
+
+
+def _warn_partitions(table: str, attached: set[int], detached: set[int]) -> None:
+    """ATTACH and DETACH PARTITION move rows into and out of a table without a change the
+    stream could carry: the targets cannot know them."""
+    if attached:
+        log.warning(
+            "%s: partition(s) attached since the pipeline last ran (OID %s) stream into it; "
+            "rows one held before it was attached came with no change: if it had any, "
+            "`pgcdc recopy` the table",
+            table,
+            ", ".join(map(str, sorted(attached))),
+        )
+    if detached:
+        log.warning(
+            "%s: partition(s) detached since the pipeline last ran (OID %s): their rows "
+            "left the table with no change, and its targets still hold them: "
+            "`pgcdc recopy` the table",
+            table,
+            ", ".join(map(str, sorted(detached))),
+        )
 
 
 def bind_tables(
@@ -101,7 +127,7 @@ def bind_tables(
 ) -> TableBindings:
     """Resolve (first run) or re-check (later runs) every configured table, record the OIDs,
     and check that the publications publish each one (or all of its partitions)."""
-    recorded = _load(state_file)
+    recorded, recorded_leaves = _load(state_file)
     pubs = [p.strip() for p in publications if p.strip()]
     bindings = TableBindings({})
     with connect_sql(conninfo) as conn:
@@ -145,10 +171,15 @@ def bind_tables(
             bindings.current_names[table] = current
             if partitions:
                 bindings.leaves[table] = set(leaves)
+            if table in recorded_leaves:
+                before = recorded_leaves[table]
+                _warn_partitions(table, set(leaves) - before, before - set(leaves))
             for member in (oid, *partitions):
                 bindings.routes[member] = table
-    if bindings.oids != recorded:
-        _save(state_file, {**recorded, **bindings.oids})
+    if bindings.oids != recorded or any(
+        recorded_leaves.get(t) != o for t, o in bindings.leaves.items()
+    ):
+        _save(state_file, {**recorded, **bindings.oids}, {**recorded_leaves, **bindings.leaves})
     return bindings
 
 
@@ -162,6 +193,7 @@ def bind_partition(conninfo: str, bindings: TableBindings, relation_oid: int) ->
     if table is not None:
         bindings.routes[relation_oid] = table
         bindings.leaves.setdefault(table, set()).add(relation_oid)
+        _warn_partitions(table, {relation_oid}, set())
     return table
 
 

@@ -297,3 +297,40 @@ def test_identity_full_duplicates_are_kept_as_copies(
     pg.execute("UPDATE d SET tag = 't9' WHERE tag = 't0' AND n = 0")  # TOASTed note unchanged
     run_pipeline(spark, config)
     assert_identical(pg, config)
+
+
+@pytest.mark.parametrize("published", ["a column list", "generated columns"])
+def test_the_copy_takes_the_columns_the_stream_sends(
+    spark: Any, pg: Database, tmp_path: Path, published: str
+) -> None:
+    """The initial copy copies the columns the publication publishes, as the stream sends
+    them: a column list leaves the others out, and a generated column is left out unless
+    the publication publishes it (PostgreSQL 18's publish_generated_columns). Before, the
+    copy took every column, and the ones the stream never sends kept the copy's values."""
+    from pgcdc.spark.config import parse_config
+    from pgcdc.spark.verify import compare_mirror
+
+    if published == "generated columns" and pg.version < 18:
+        pytest.skip("publications publish generated columns from PostgreSQL 18")
+    pg.execute(
+        "CREATE TABLE g (id int PRIMARY KEY, n int, twice int GENERATED ALWAYS AS (n * 2) STORED,"
+        " secret text);"
+        "INSERT INTO g (id, n, secret) SELECT x, x, 's' FROM generate_series(1, 30) x"
+    )
+    slot, publication = unique("cols"), unique("pub")
+    spec = "g (id, n)" if published == "a column list" else "g"
+    options = " WITH (publish_generated_columns = stored)" if published != "a column list" else ""
+    pg.execute(f"CREATE PUBLICATION {publication} FOR TABLE {spec}{options}")
+    lake = tmp_path / "lake"
+    config = pipeline_config(pg, slot, publication, lake, {"public.g": "mirror"})
+    config["source"]["create_slot"] = True
+    run_pipeline(spark, config)  # the copy
+    pg.execute("UPDATE g SET n = 100, secret = 'changed' WHERE id <= 5; DELETE FROM g WHERE id = 9")
+    run_pipeline(spark, config)
+    expected = ["id", "n"] if published == "a column list" else ["id", "n", "twice", "secret"]
+    mirror = DeltaTarget(str(lake / "public.g"), "mirror", app_id="pgcdc:test").to_arrow()
+    assert mirror.column_names == expected
+    pipeline = parse_config(config)
+    verdict = compare_mirror(pg.dsn, "public.g", mirror, publications=pipeline.publications)
+    assert verdict.equal, f"{verdict} {verdict.missing} {verdict.extra}"
+    pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")

@@ -142,6 +142,11 @@ class PipelineConfig:
         return str(Path(local) / "_pgcdc" / self.name)
 
     @property
+    def publications(self) -> tuple[str, ...]:
+        """`publication`'s names (it may list several, comma-separated)."""
+        return tuple(p.strip() for p in self.publication.split(",") if p.strip())
+
+    @property
     def app_id(self) -> str:
         return f"pgcdc:{self.name}"
 

@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,7 @@ class InitialCopy:
         on_progress: Callable[[dict[str, TableProgress]], None] | None = None,
         source_names: dict[str, str] | None = None,
         failover: bool = False,
+        publications: Sequence[str] = (),
     ) -> None:
         self.spark = spark
         self.conninfo = conninfo
@@ -172,6 +173,8 @@ class InitialCopy:
         self._staged = False
         #: The pipeline's slot is a failover slot.
         self.failover = failover
+        #: The publications: a table is copied with the columns they publish.
+        self.publications = tuple(publications)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -269,7 +272,9 @@ class InitialCopy:
         for table in copied:
             if state.get("resync"):
                 rows = self._staging(table).to_arrow()
-                relation, _ = catalog_relation(self.conninfo, self._source(table))
+                relation, _ = catalog_relation(
+                    self.conninfo, self._source(table), self.publications
+                )
                 keys = [c.name for c in relation.columns if c.is_key]
                 for target in self.targets[table]:
                     target.reconcile(rows, int(point), keys)
@@ -330,7 +335,9 @@ class InitialCopy:
             progress = TableProgress(table, len(chunks), estimated, int(point))
             self.progress[table] = progress
             try:
-                relation, answers = catalog_relation(self.conninfo, self._source(table))
+                relation, answers = catalog_relation(
+                    self.conninfo, self._source(table), self.publications
+                )
                 registry = catalog_registry(relation, answers)
                 for target in targets:
                     target.reset(relation, registry)

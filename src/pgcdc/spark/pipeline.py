@@ -340,7 +340,7 @@ class Pipeline:
         if self.bindings is None:
             self.bindings = bind_tables(
                 self.config.conninfo,
-                self.config.publication.split(","),
+                self.config.publications,
                 self.targets,
                 Path(self.config.state_path) / "tables.json",
             )
@@ -369,6 +369,7 @@ class Pipeline:
             on_progress=progress,
             source_names=self.bind().current_names,
             failover=config.failover,
+            publications=config.publications,
         )
 
     def _check_slot(self) -> None:
@@ -498,7 +499,7 @@ class Pipeline:
         return Spooler(
             config.conninfo,
             config.slot,
-            StreamOptions(tuple(p.strip() for p in config.publication.split(",") if p.strip())),
+            StreamOptions(config.publications),
             Spool(directory),
             streaming=StreamingMode(streaming),
             status_interval=config.status_interval,

@@ -11,7 +11,7 @@ value an update did not send.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -32,10 +32,22 @@ SELECT a.attname, a.atttypid::int8, a.atttypmod,
        a.attnum = ANY(coalesce((
            SELECT i.indkey::int2[] FROM pg_catalog.pg_index i
            WHERE i.indrelid = a.attrelid AND (i.indisreplident OR i.indisprimary)
-           ORDER BY i.indisreplident DESC LIMIT 1), '{}'))
+           ORDER BY i.indisreplident DESC LIMIT 1), '{}')),
+       a.attgenerated <> ''
 FROM pg_catalog.pg_attribute a
 WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
+"""
+#: The columns the publications publish of the table (or of its partitions), PostgreSQL 15+:
+#: a column list, and generated columns (published only on 18+, when the publication says).
+_PUBLISHED_SQL = """
+SELECT DISTINCT unnest(pt.attnames)
+FROM pg_catalog.pg_publication_tables pt
+JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = ANY(%s)
+  AND (c.oid = %s::regclass
+       OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(%s::regclass)))
 """
 
 
@@ -60,16 +72,28 @@ class CatalogAnswers:
         self.__dict__.update(state)
 
 
-def catalog_relation(conninfo: str, table: str) -> tuple[Relation, CatalogAnswers]:
+def catalog_relation(
+    conninfo: str, table: str, publications: Sequence[str] = ()
+) -> tuple[Relation, CatalogAnswers]:
     """`table` ("schema.name") as a Relation message would describe it now, and the catalog
-    answers that type its columns."""
+    answers that type its columns: the columns `publications` publish (their column lists;
+    generated columns where a PostgreSQL 18 publication publishes them), or without
+    publications every column but generated ones (which no publication sends before 18)."""
     schema, _, name = table.rpartition(".")
     schema = schema or "public"
     catalog = Catalog(conninfo)
     try:
         regclass = f"{catalog.quote_identifier(schema)}.{catalog.quote_identifier(name)}"
         rows = catalog.query(_COLUMNS_SQL, (regclass,))
-        columns = tuple(Column(int(bool(k)), n, int(oid), int(mod)) for n, oid, mod, k in rows)
+        published: set[str] = set()
+        if publications and int(catalog.query("SHOW server_version_num")[0][0]) >= 150000:
+            found = catalog.query(_PUBLISHED_SQL, (list(publications), regclass, regclass))
+            published = {name for (name,) in found}
+        columns = tuple(
+            Column(int(bool(k)), n, int(oid), int(mod))
+            for n, oid, mod, k, generated in rows
+            if (n in published if published else not generated)
+        )
         answers = CatalogAnswers(catalog)
         resolve(DEFAULT_REGISTRY.copy(), answers, [c.type_oid for c in columns])
     finally:

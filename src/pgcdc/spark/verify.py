@@ -8,6 +8,7 @@ difference is a difference of data, never of formatting. Rows compare as multise
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +45,15 @@ class Verdict:
         )
 
 
-def source_rows(conninfo: str, table: str, where: sql.Composable | None = None) -> pa.Table:
+def source_rows(
+    conninfo: str,
+    table: str,
+    where: sql.Composable | None = None,
+    publications: Sequence[str] = (),
+) -> pa.Table:
     """The table's current rows (those `where` selects: a condition), typed like the
-    targets' columns."""
-    relation, answers = catalog_relation(conninfo, table)
+    targets' columns: the columns `publications` publish (else all but generated ones)."""
+    relation, answers = catalog_relation(conninfo, table, publications)
     builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers))
     names = [c.name for c in relation.columns]
     select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
@@ -87,18 +93,25 @@ def _compare(table: str, source: pa.Table, target: pa.Table | None) -> Verdict:
 
 
 def compare_mirror(
-    conninfo: str, table: str, target: pa.Table | None, where: sql.Composable | None = None
+    conninfo: str,
+    table: str,
+    target: pa.Table | None,
+    where: sql.Composable | None = None,
+    publications: Sequence[str] = (),
 ) -> Verdict:
     """A mirror's rows (None: the target table does not exist) against the source's (those
-    `where` selects, when `target` holds the mirror's rows that match it)."""
-    return _compare(table, source_rows(conninfo, table, where), target)
+    `where` selects, when `target` holds the mirror's rows that match it; the columns
+    `publications` publish)."""
+    return _compare(table, source_rows(conninfo, table, where, publications), target)
 
 
-def compare_history(conninfo: str, table: str, history: pa.Table | None) -> Verdict:
+def compare_history(
+    conninfo: str, table: str, history: pa.Table | None, publications: Sequence[str] = ()
+) -> Verdict:
     """A history table's current versions (``__END_AT`` null) against the source; also
     checks that no version was written twice."""
     if history is None:
-        return compare_mirror(conninfo, table, None)
+        return compare_mirror(conninfo, table, None, publications=publications)
     starts = history.column("__START_AT").to_pylist()
     key_names = [n for n in history.column_names if not n.startswith("__")]
     versions = Counter(
@@ -107,7 +120,7 @@ def compare_history(conninfo: str, table: str, history: pa.Table | None) -> Verd
     )
     duplicated = [v for v, count in versions.items() if count > 1]
     current = history.filter(pa.compute.is_null(history.column("__END_AT")))
-    verdict = _compare(table, source_rows(conninfo, table), current)
+    verdict = _compare(table, source_rows(conninfo, table, publications=publications), current)
     if duplicated:
         return Verdict(
             verdict.table,

@@ -9,6 +9,8 @@ the server rewrote it with."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,16 @@ STEPS = [
 ]
 
 
+@contextlib.contextmanager
+def _dropped_after(pg: Database, slot: str, *tables: str) -> Iterator[None]:
+    """The test's slot and tables are dropped after it, whatever happened."""
+    try:
+        yield
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
+
+
 def _table(step: int) -> str:
     renamed = next(i for i, s in enumerate(STEPS) if s[0] == "rename the table")
     return "d2" if step >= renamed else "d"
@@ -150,7 +162,7 @@ def test_ordinary_ddl_while_streaming(
         "CREATE TABLE d (id int PRIMARY KEY, v text, n int)",
         "INSERT INTO d SELECT g, 'v' || g, g FROM generate_series(1, 40) g",
     )
-    try:
+    with _dropped_after(pg, slot, "d", "d2"):
         run_pipeline(spark, config)  # the initial copy
         _assert_equal(pg, config, "d", "the copy")
         for i, (what, ddl, change) in enumerate(STEPS):
@@ -161,9 +173,6 @@ def test_ordinary_ddl_while_streaming(
                 _assert_equal(pg, config, _table(i), what)
         run_pipeline(spark, config)
         _assert_equal(pg, config, _table(len(STEPS) - 1), "every step")
-    finally:
-        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
-        pg.execute("DROP TABLE IF EXISTS d, d2")
 
 
 def test_a_column_read_per_key_whose_type_changed_since(
@@ -180,7 +189,7 @@ def test_a_column_read_per_key_whose_type_changed_since(
         "INSERT INTO r SELECT g, g FROM generate_series(1, 20) g",
         max_changes_per_batch=1,  # a batch per transaction
     )
-    try:
+    with _dropped_after(pg, slot, "r"):
         run_pipeline(spark, config)
         pg.execute("BEGIN; ALTER TABLE r RENAME v TO w; UPDATE r SET w = 0 WHERE id = 1; COMMIT")
         pg.execute(
@@ -190,9 +199,6 @@ def test_a_column_read_per_key_whose_type_changed_since(
         pipeline = run_pipeline(spark, config)
         assert pipeline.stats.batches == 2
         _assert_equal(pg, config, "r", "a rename, then a type change")
-    finally:
-        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
-        pg.execute("DROP TABLE IF EXISTS r")
 
 
 def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
@@ -210,7 +216,7 @@ def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
         "CREATE TABLE s (id int PRIMARY KEY, v text)",
         "INSERT INTO s SELECT g, 'v' || g FROM generate_series(1, 20) g",
     )
-    try:
+    with _dropped_after(pg, slot, "s"):
         run_pipeline(spark, config)
         pg.execute("ALTER TABLE s ADD COLUMN k int GENERATED ALWAYS AS IDENTITY")
         pg.execute("UPDATE s SET v = 'kept' WHERE id = 2")
@@ -224,9 +230,6 @@ def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
         request_recopy(parse_config(config), "public.s")
         run_pipeline(spark, config)
         _assert_equal(pg, config, "s", "the recopy")
-    finally:
-        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
-        pg.execute("DROP TABLE IF EXISTS s")
 
 
 def test_an_identity_index_a_schema_move_constraints_and_rewrites(
@@ -242,7 +245,7 @@ def test_an_identity_index_a_schema_move_constraints_and_rewrites(
         "CREATE TABLE q (id int PRIMARY KEY, u int NOT NULL, v text)",
         "INSERT INTO q SELECT g, g + 100, 'v' || g FROM generate_series(1, 20) g",
     )
-    try:
+    with _dropped_after(pg, slot, "q", "other.q"):
         run_pipeline(spark, config)
         pg.execute(
             "CREATE UNIQUE INDEX q_u ON q (u); ALTER TABLE q REPLICA IDENTITY USING INDEX q_u"
@@ -275,6 +278,3 @@ def test_an_identity_index_a_schema_move_constraints_and_rewrites(
         pg.execute("UPDATE q SET v = 'w' WHERE id = 8")
         run_pipeline(spark, config)
         _assert_equal(pg, config, "q", "dropped the identity index's column")
-    finally:
-        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
-        pg.execute("DROP TABLE IF EXISTS q, other.q")

@@ -357,9 +357,11 @@ def test_a_fill_read_in_a_type_changed_since(tmp_path: Path, now: str) -> None:
     """A column read per key after the source changed its type (renamed, then retyped, before
     the batch was applied). Widened since (int4 to int8, a change the target follows by
     keeping values): each value the int4 column can hold is taken, one that cannot is null
-    (its row changed since: its change comes later). Retyped beyond that (to text): null,
-    until the stream's type change rewrites the column with the source's values."""
-    values = pa.table({"id": ["1", "2"], "value": ["10", "5000000000"]})
+    (its row changed since: its change comes later), in the table's rows as in the batch's
+    images from before the column. Retyped beyond that (to text): null, until the stream's
+    type change rewrites the column with the source's values."""
+    ids, texts = ["1", "2", "4", "5"], ["10", "5000000000", "40", "6000000000"]
+    values = pa.table({"id": ids, "value": texts})
     later = (20, -1) if now == "int8" else (25, -1)
 
     def fills(shape: Any, column: str, *, appended: bool) -> ColumnFill:
@@ -367,8 +369,13 @@ def test_a_fill_read_in_a_type_changed_since(tmp_path: Path, now: str) -> None:
 
     t = target(tmp_path, fills=fills)
     t.apply(envelope(txn(0x100, insert(V1, id=1), insert(V1, id=2))))
-    t.apply(envelope(txn(0x200, insert(V2, id=3, score=30))))
-    expected = [(1, 10), (2, None), (3, 30)] if now == "int8" else [(1, None), (2, None), (3, 30)]
+    t.apply(
+        envelope(
+            txn(0x200, insert(V1, id=4), insert(V1, id=5)), txn(0x300, insert(V2, id=3, score=30))
+        )
+    )
+    kept = {1: 10, 3: 30, 4: 40} if now == "int8" else {3: 30}
+    expected = [(i, kept.get(i)) for i in (1, 2, 3, 4, 5)]
     assert rows(t.to_arrow(), "id", "score") == expected
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "ColumnFill",
     "FillSource",
     "added_columns",
+    "fill_array",
     "fill_texts",
     "fill_values",
 ]
@@ -115,16 +116,17 @@ def fill_values(
     columns are `keys` (one value per row of `keys`; null where the source has no row)."""
     position = {c.name: i for i, c in enumerate(builder.relation.columns)}
     field = builder.schema.field(position[column])
-    lenient = fill.later_type is not None
     if fill.rows is None:
         text = None if fill.text is None else fill.text.encode()
-        value = _from_text(builder, position[column], [text], lenient)
+        value = fill_array(builder, position[column], [text], fill)
         return pa.repeat(value[0], keys.num_rows).cast(field.type)
 
     def typed(name: str, source: str) -> pa.Array:
         assert fill.rows is not None
         texts = [None if v is None else v.encode() for v in fill.rows.column(source).to_pylist()]
-        return _from_text(builder, position[name], texts, lenient and source == FILL_VALUE)
+        if source == FILL_VALUE:
+            return fill_array(builder, position[name], texts, fill)
+        return builder.column_from_text(position[name], texts)[0]
 
     names = keys.column_names
     found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: typed(column, FILL_VALUE)})
@@ -134,12 +136,13 @@ def fill_values(
     return joined.column(_FOUND).combine_chunks().cast(field.type)
 
 
-def _from_text(
-    builder: ArrowBatchBuilder, i: int, texts: list[bytes | None], lenient: bool
+def fill_array(
+    builder: ArrowBatchBuilder, i: int, texts: list[bytes | None], fill: ColumnFill
 ) -> pa.Array:
-    """Column `i` from the server's text; `lenient`: a value the column's type cannot hold
-    (text of a later type) is null."""
-    if not lenient:
+    """`fill`'s values (the server's text, for some rows) typed as column `i` of `builder`'s
+    relation; read in a later type (`ColumnFill.later_type`), a value the column's type
+    cannot hold is null."""
+    if fill.later_type is None:
         return builder.column_from_text(i, texts)[0]
     try:
         return builder.column_from_text(i, texts)[0]

@@ -75,6 +75,7 @@ from pgcdc.targets.added_columns import (
     ColumnFill,
     FillSource,
     added_columns,
+    fill_array,
     fill_texts,
     fill_values,
 )
@@ -1093,7 +1094,7 @@ class DeltaTarget(Target):
             builder = self._builder(owner)
             index = [c.name for c in owner.columns].index(column)
             encoded = [None if t is None else t.encode() for t in texts]
-            values = builder.column_from_text(index, encoded)[0]
+            values = fill_array(builder, index, encoded, fill)
             if column in names:
                 current = part.column(column)
                 values = pc.if_else(pa.array(stale), values.cast(current.type), current)

@@ -142,7 +142,7 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
     slot, publication = setup(pg, 40000)
     lake = tmp_path / "lake"
     config = config_for(pg, slot, publication, lake, chunk_blocks=4)
-    proc = _child(config, "--exit-after-chunks", "4")
+    proc = _child(config, "--exit-after-chunks", "public.customers:4")
     code, output = _finish(proc)
     assert code == 3, output
     first = chunk_commits(lake / "public.customers")

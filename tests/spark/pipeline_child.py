@@ -5,7 +5,8 @@
 
 With ``--exit-after-batches N`` the process dies (``os._exit``) right after the N-th batch's
 Delta commits and before Spark records the batch as done: the worst moment to crash. With
-``--exit-after-chunks N`` it dies once the initial copy has committed N chunks; with
+``--exit-after-chunks N`` (or ``TABLE:N``) it dies once the initial copy has committed N
+chunks (of TABLE); with
 ``--exit-after-slot 1`` right after the replication slot was created (before anything else).
 """
 
@@ -26,7 +27,12 @@ def main() -> None:
     config = parse_config(json.loads(sys.argv[1]))
     flag = sys.argv[2] if len(sys.argv) > 3 else None
     exit_after = int(sys.argv[3]) if flag == "--exit-after-batches" else None
-    exit_after_chunks = int(sys.argv[3]) if flag == "--exit-after-chunks" else None
+    # N (chunks of every table) or TABLE:N (of that table: which table's chunks the tasks
+    # finish first depends on the machine's load)
+    chunks_of, _, count = (
+        sys.argv[3].rpartition(":") if flag == "--exit-after-chunks" else ("", "", "")
+    )
+    exit_after_chunks = int(count) if count else None
     done = 0
 
     def on_batch(report: BatchReport) -> None:
@@ -40,7 +46,7 @@ def main() -> None:
             os._exit(3)
 
     def on_copy(progress: dict[str, TableProgress]) -> None:
-        copied = sum(p.chunks_done for p in progress.values())
+        copied = sum(p.chunks_done for t, p in progress.items() if t == chunks_of or not chunks_of)
         if exit_after_chunks is not None and copied >= exit_after_chunks:
             print(f"copied {copied} chunks", flush=True)
             os._exit(3)

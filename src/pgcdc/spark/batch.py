@@ -2,7 +2,7 @@
 
 The driver plans a batch (a range of spooled transactions) and cuts it into `TableWork`s,
 one per configured table with changes: the table's spool ranges, its targets and what
-typing needs (catalog answers recorded on the driver). Spark tasks run `apply_tables` on
+typing needs (the descriptions of its types, read on the driver). Spark tasks run `apply_tables` on
 groups of them, in parallel: each reads its ranges, builds the envelope a column at a time
 (`pgcdc.spark.spool.read_envelope`) and applies it to every target of the table, each
 committing its data with the batch's watermark. Only a small `TableOutcome` per table goes
@@ -30,10 +30,8 @@ from pgcdc.errors import TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.spool import SpoolRange, read_envelope
-from pgcdc.spark.typed import CatalogAnswers
 from pgcdc.targets import TargetSpec, open_target
-from pgcdc.types.catalog import resolve
-from pgcdc.types.registry import DEFAULT_REGISTRY
+from pgcdc.types.catalog import TypeDescriptions
 
 __all__ = [
     "TableOutcome",
@@ -52,8 +50,8 @@ class TableWork:
     table: str
     targets: tuple[TargetSpec, ...]
     ranges: tuple[SpoolRange, ...]
-    answers: CatalogAnswers
-    type_oids: tuple[int, ...]
+    #: The descriptions of the user-defined types its columns have (read on the driver).
+    types: TypeDescriptions
     app_id: str
     conninfo: str
     on_error: str = "stop"
@@ -127,8 +125,7 @@ def _apply(work: TableWork) -> TableOutcome:
             _log(work, rows, outcome)
         else:
             _check_truncates(work, rows)
-            registry = DEFAULT_REGISTRY.copy()
-            resolve(registry, work.answers, list(work.type_oids))
+            registry = work.types.registry()
             fills = SourceFills(work.conninfo)
             for spec in work.targets:
                 target = open_target(

@@ -43,9 +43,10 @@ from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.spark.session import error_line
-from pgcdc.spark.typed import CatalogAnswers, catalog_registry, catalog_relation
+from pgcdc.spark.typed import catalog_relation
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
+from pgcdc.types.catalog import TypeDescriptions
 
 __all__ = ["CHUNK_KEY", "POINT_KEY", "InitialCopy", "TableProgress"]
 
@@ -94,7 +95,7 @@ class _Task:
     snapshot: str
     chunk: Chunk
     relation: Relation
-    answers: CatalogAnswers
+    types: TypeDescriptions
     targets: tuple[TargetSpec, ...]
     app_id: str
     point: int
@@ -111,7 +112,7 @@ def _session(conninfo: str, snapshot: str) -> Any:
 
 def _rows(task: _Task, timings: dict[str, float]) -> pa.Table:
     relation = task.relation
-    registry = catalog_registry(relation, task.answers)
+    registry = task.types.registry()
     conn = _session(task.conninfo, task.snapshot)
     try:
         chunk = task.chunk
@@ -335,10 +336,10 @@ class InitialCopy:
             progress = TableProgress(table, len(chunks), estimated, int(point))
             self.progress[table] = progress
             try:
-                relation, answers = catalog_relation(
+                relation, types = catalog_relation(
                     self.conninfo, self._source(table), self.publications
                 )
-                registry = catalog_registry(relation, answers)
+                registry = types.registry()
                 for target in targets:
                     target.reset(relation, registry)
             except PgcdcError as exc:
@@ -347,7 +348,7 @@ class InitialCopy:
             copied = tuple(t.spec for t in targets if t.mode != "changelog")
             app_id = targets[0].app_id
             jobs[table] = [
-                _Task(self.conninfo, snapshot, c, relation, answers, copied, app_id, int(point), i)
+                _Task(self.conninfo, snapshot, c, relation, types, copied, app_id, int(point), i)
                 for i, c in enumerate(chunks)
             ]
 

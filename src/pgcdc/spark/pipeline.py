@@ -53,10 +53,8 @@ from pgcdc.spark.quarantine import Quarantine
 from pgcdc.spark.session import error_line
 from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, default_spool_dir
 from pgcdc.spark.spooler import Spooler
-from pgcdc.spark.typed import CatalogAnswers
 from pgcdc.targets import Target, TargetSpec, open_target
-from pgcdc.types.catalog import resolve
-from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
+from pgcdc.types.catalog import TypeCatalog
 
 __all__ = [
     "BatchReport",
@@ -128,21 +126,12 @@ class Pipeline:
         self.on_batch = on_batch
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
-        self.registry: TypeRegistry = DEFAULT_REGISTRY.copy()
         self.catalog = Catalog(config.conninfo)
-        #: Catalog answers typing needs, recorded here and replayed in the tasks.
-        self.answers = CatalogAnswers(self.catalog)
+        #: The descriptions of the user-defined types met, read here and shipped to the tasks.
+        self.types = TypeCatalog(self.catalog)
         self.targets: dict[str, list[tuple[TableTarget, Target]]] = {}
-        fills = SourceFills(config.conninfo)
         for spec in config.targets():
-            target = open_target(
-                spec.spec,
-                app_id=config.app_id,
-                registry=self.registry,
-                source=spec.table,
-                fills=fills,
-            )
-            self.targets.setdefault(spec.table, []).append((spec, target))
+            self.targets.setdefault(spec.table, []).append((spec, self._open(spec)))
         self.stats = PipelineStats()
         self.bindings: TableBindings | None = None
         self.quarantine = Quarantine(Path(config.state_path) / "quarantine.json")
@@ -161,6 +150,17 @@ class Pipeline:
         self.batch_log = BatchLog(Path(config.state_path) / "batches.jsonl")
         #: The Prometheus endpoint, while `run` runs with ``[metrics] port`` set.
         self.metrics: PipelineMetrics | None = None
+
+    def _open(self, spec: TableTarget) -> Target:
+        """A target of the configuration, typing with the types met so far."""
+        fills = SourceFills(self.config.conninfo)
+        return open_target(
+            spec.spec,
+            app_id=self.config.app_id,
+            registry=self.types.registry,
+            source=spec.table,
+            fills=fills,
+        )
 
     @property
     def spark(self) -> Any:
@@ -206,14 +206,12 @@ class Pipeline:
             oids = sorted(
                 {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
             )
-            resolve(self.registry, self.answers, oids)
             works.append(
                 TableWork(
                     table,
                     tuple(s.spec for s, _ in self.targets[table]),
                     tuple(found),
-                    self.answers,
-                    tuple(oids),
+                    self.types.describe(oids),
                     self.config.app_id,
                     self.config.conninfo,
                     on_error=self.config.on_error.get(table, "stop"),
@@ -471,9 +469,9 @@ class Pipeline:
             columns = pc.list_flatten(rows.column("columns"))
             if len(columns):
                 oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
-                resolve(self.registry, self.answers, [o for o in oids if o is not None])
-            for _, target in self.targets[table]:
-                target.apply(rows)
+                self.types.describe(o for o in oids if o is not None)
+            for spec, _ in self.targets[table]:
+                self._open(spec).apply(rows)
         shutil.rmtree(self._pending_path(table), ignore_errors=True)
         self.pending.discard(table)
         self.quarantine.lift(table)

@@ -20,11 +20,11 @@ from pyspark.sql import types as st
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.protocol import Column, Relation, TupleData
 from pgcdc.types.arrow import ArrowBatchBuilder, relation_spark_schema
-from pgcdc.types.catalog import resolve
+from pgcdc.types.catalog import TypeCatalog, TypeDescriptions
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
-from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
+from pgcdc.types.registry import TypeRegistry
 
-__all__ = ["CatalogAnswers", "catalog_registry", "catalog_relation", "table_changes"]
+__all__ = ["catalog_relation", "table_changes"]
 
 _KEPT = ("commit_lsn", "ordinal", "sequence", "xid", "commit_ts", "origin", "op", "lsn")
 _COLUMNS_SQL = """
@@ -51,33 +51,12 @@ WHERE pt.pubname = ANY(%s)
 """
 
 
-class CatalogAnswers:
-    """Catalog answers recorded on the driver and replayed on executors: a registry holds
-    functions that do not pickle, so executors rebuild it from the same answers."""
-
-    def __init__(self, catalog: Any = None) -> None:
-        self.catalog = catalog
-        self.answers: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        key = (sql, repr(params))
-        if key not in self.answers:
-            self.answers[key] = self.catalog.query(sql, params)
-        return self.answers[key]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"catalog": None, "answers": self.answers}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-
 def catalog_relation(
     conninfo: str, table: str, publications: Sequence[str] = ()
-) -> tuple[Relation, CatalogAnswers]:
-    """`table` ("schema.name") as a Relation message would describe it now, and the catalog
-    answers that type its columns: the columns `publications` publish (their column lists;
-    generated columns where a PostgreSQL 18 publication publishes them), or without
+) -> tuple[Relation, TypeDescriptions]:
+    """`table` ("schema.name") as a Relation message would describe it now, and the
+    descriptions of its columns' types: the columns `publications` publish (their column
+    lists; generated columns where a PostgreSQL 18 publication publishes them), or without
     publications every column but generated ones (which no publication sends before 18)."""
     schema, _, name = table.rpartition(".")
     schema = schema or "public"
@@ -94,18 +73,10 @@ def catalog_relation(
             for n, oid, mod, k, generated in rows
             if (n in published if published else not generated)
         )
-        answers = CatalogAnswers(catalog)
-        resolve(DEFAULT_REGISTRY.copy(), answers, [c.type_oid for c in columns])
+        types = TypeCatalog(catalog).describe(c.type_oid for c in columns)
     finally:
         catalog.close()
-    return Relation(0, schema, name, "d", columns), answers
-
-
-def catalog_registry(relation: Relation, answers: CatalogAnswers) -> TypeRegistry:
-    """The registry that types `relation`'s columns, built from recorded catalog answers."""
-    registry = DEFAULT_REGISTRY.copy()
-    resolve(registry, answers, [c.type_oid for c in relation.columns])
-    return registry
+    return Relation(0, schema, name, "d", columns), types
 
 
 def _row_struct(relation: Relation, registry: TypeRegistry, options: MappingOptions) -> Any:
@@ -124,12 +95,12 @@ def table_changes(
     """`envelope`'s insert/update/delete rows of `table`, with typed ``key``/``before``/
     ``after`` structs; give `conninfo` (the catalog says the columns and resolves user-defined
     types) or a `relation` of built-in types."""
-    answers = CatalogAnswers()
+    types = TypeDescriptions()
     if relation is None:
         if conninfo is None:
             raise ValueError("table_changes needs conninfo or relation")
-        relation, answers = catalog_relation(conninfo, table)
-    registry = catalog_registry(relation, answers)
+        relation, types = catalog_relation(conninfo, table)
+    registry = types.registry()
     schema_name, _, table_name = table.rpartition(".")
     row = _row_struct(relation, registry, options)
     out_schema = st.StructType(
@@ -145,12 +116,12 @@ def table_changes(
     qualified = f"{schema_name or 'public'}.{table_name}"
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers), options)
+        builder = ArrowBatchBuilder(relation, types.registry(), options)
         row_type = pa.struct(list(builder.schema)[: len(names)])
         for batch in batches:
             yield _typed_batch(batch, builder, names, row_type)
 
-    del registry  # executors build their own from `answers`
+    del registry  # executors build their own from `types`
     rows = envelope.where(
         (envelope["schema"] == (schema_name or "public"))
         & (envelope["table"] == table_name)

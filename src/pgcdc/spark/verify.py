@@ -17,7 +17,7 @@ from psycopg import sql
 
 from pgcdc.protocol import TupleData
 from pgcdc.replication.slots import connect_sql
-from pgcdc.spark.typed import catalog_registry, catalog_relation
+from pgcdc.spark.typed import catalog_relation
 from pgcdc.types.arrow import ArrowBatchBuilder
 
 __all__ = ["Verdict", "compare_history", "compare_mirror", "source_rows"]
@@ -53,8 +53,8 @@ def source_rows(
 ) -> pa.Table:
     """The table's current rows (those `where` selects: a condition), typed like the
     targets' columns: the columns `publications` publish (else all but generated ones)."""
-    relation, answers = catalog_relation(conninfo, table, publications)
-    builder = ArrowBatchBuilder(relation, catalog_registry(relation, answers))
+    relation, types = catalog_relation(conninfo, table, publications)
+    builder = ArrowBatchBuilder(relation, types.registry())
     names = [c.name for c in relation.columns]
     select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
     source = sql.Identifier(relation.namespace, relation.relname)

@@ -1,9 +1,13 @@
 """Codecs for types only the database knows: enums, domains, composites, user range types, and
-arrays of them, read from ``pg_type`` with `resolve`.
+arrays of them, described by ``pg_type`` rows.
 
 pgoutput's Relation message gives each column's type OID (a domain's own OID, not its base
-type's); `resolve` takes the OIDs a registry does not know, reads them and every type they are
-built on in one recursive query, and adds a codec for each:
+type's). `describe_types` reads the OIDs asked for and every type they are built on in one
+recursive query into `TypeDescription`s: plain data keyed by OID (the pg_type row and what the
+codec depends on: enum labels, composite attributes, domain base types, range subtypes, array
+elements). They are read once, where a catalog is at hand (the pipeline's driver), and travel
+as data to wherever values are typed (a Spark task never reaches for a catalog);
+`TypeDescriptions.registry` builds the codecs from them, each one:
 
 * enum: the label, a ``str`` (text and binary forms are both the label's bytes);
 * domain: its base type's codec (``typbasetype``, possibly an array or another domain);
@@ -15,15 +19,17 @@ built on in one recursive query, and adds a codec for each:
 * any other type (e.g. an extension's base type): its text as a ``str``, and `UnknownBinary`
   in binary mode.
 
-Codecs are built from the catalog as it is when `resolve` runs; a type altered later (an
-attribute added, say) needs `resolve` again on a fresh registry.
+Descriptions are the catalog as it was when they were read; a type altered later (an attribute
+added, say) is described again (`pgcdc.types.catalog.StaleType` says which, when a value does
+not fit its description). `resolve` adds what a registry lacks straight from a catalog.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pgcdc.errors import ValueDecodeError
@@ -31,7 +37,18 @@ from pgcdc.types.arrays import array_codec, unquote
 from pgcdc.types.ranges import multirange_codec, range_codec
 from pgcdc.types.registry import TypeCodec, TypeRegistry, UnknownBinary
 
-__all__ = ["composite_codec", "enum_codec", "resolve"]
+__all__ = [
+    "CompositeField",
+    "StaleType",
+    "TypeCatalog",
+    "TypeDescription",
+    "TypeDescriptions",
+    "add_descriptions",
+    "composite_codec",
+    "describe_types",
+    "enum_codec",
+    "resolve",
+]
 
 _INT32 = struct.Struct(">i")
 _FIELD = struct.Struct(">Ii")
@@ -41,6 +58,18 @@ class CatalogQuery(Protocol):
     """What `resolve` needs of a catalog (e.g. `pgcdc.decoding.catalog.Catalog`)."""
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
+
+
+class StaleType(ValueDecodeError):
+    """A value does not fit its type's description: the type was altered since it was read
+    (an attribute added to or dropped from a composite, say). Describing it again mends it."""
+
+    def __init__(self, message: str, type_oid: int) -> None:
+        super().__init__(message)
+        self.type_oid = type_oid
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.type_oid))
 
 
 def _text(data: bytes) -> str:
@@ -87,7 +116,7 @@ def composite_codec(
             for k in range(count):
                 if k:
                     if data[i] != 0x2C:  # ','
-                        raise ValueDecodeError(f"{name} text has too few fields: {data[:200]!r}")
+                        raise StaleType(f"{name} text has too few fields: {data[:200]!r}", oid)
                     i += 1
                 c = data[i]
                 if c == 0x22:  # '"'
@@ -104,15 +133,16 @@ def composite_codec(
         except IndexError:
             raise ValueDecodeError(f"truncated {name} text {data[:200]!r}") from None
         if i != end:
-            raise ValueDecodeError(f"{name} text has more than {count} fields: {data[:200]!r}")
+            raise StaleType(f"{name} text has more than {count} fields: {data[:200]!r}", oid)
         return values
 
     def from_binary(data: bytes) -> dict[str, Any]:
         try:
             (sent,) = _INT32.unpack_from(data)
             if sent != count:
-                raise ValueDecodeError(
-                    f"{name} binary has {sent} fields, the catalog said {count} (type altered?)"
+                raise StaleType(
+                    f"{name} binary has {sent} fields, the catalog said {count} (type altered?)",
+                    oid,
                 )
             values: dict[str, Any] = {}
             pos = 4
@@ -184,74 +214,241 @@ SELECT t.oid::int8,
        CASE WHEN t.typtype = 'b' AND t.typoutput = 'pg_catalog.array_out'::pg_catalog.regproc
             THEN t.typelem::int8 END,
        NULLIF(t.typbasetype, 0)::int8,
+       t.typtypmod,
        (SELECT r.rngsubtype::int8 FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid),
        (SELECT r.rngtypid::int8 FROM pg_catalog.pg_range r
         WHERE t.typtype = 'm' AND (pg_catalog.to_jsonb(r) ->> 'rngmultitypid')::oid = t.oid),
-       ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a
+       ARRAY(SELECT ARRAY[a.attnum::text, a.attname::text, a.atttypid::text, a.atttypmod::text]
+             FROM pg_catalog.pg_attribute a
              WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
                AND NOT a.attisdropped ORDER BY a.attnum),
-       ARRAY(SELECT a.atttypid::int8 FROM pg_catalog.pg_attribute a
-             WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
-               AND NOT a.attisdropped ORDER BY a.attnum)
+       ARRAY(SELECT e.enumlabel::text FROM pg_catalog.pg_enum e
+             WHERE t.typtype = 'e' AND e.enumtypid = t.oid ORDER BY e.enumsortorder)
 FROM wanted w
 JOIN pg_catalog.pg_type t ON t.oid = w.oid
 """
+
+
+@dataclass(frozen=True, slots=True)
+class CompositeField:
+    """One attribute of a composite type, as ``pg_attribute`` has it."""
+
+    attnum: int
+    name: str
+    type_oid: int
+    type_modifier: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TypeDescription:
+    """What typing a value of one type needs to know of it: its ``pg_type`` row and what its
+    values are made of (plain data: it pickles, compares and hashes)."""
+
+    oid: int
+    #: ``format_type(oid, NULL)``: schema-qualified where the search path needs it.
+    name: str
+    #: ``typtype``: b(ase), c(omposite), d(omain), e(num), m(ultirange), p(seudo), r(ange).
+    typtype: str
+    delimiter: str = ","
+    array_oid: int | None = None
+    #: An array type's element (a base type output by ``array_out``).
+    element_oid: int | None = None
+    #: A domain's base type and its type modifier.
+    base_oid: int | None = None
+    base_modifier: int = -1
+    #: A range's subtype; a multirange's range type.
+    subtype_oid: int | None = None
+    range_oid: int | None = None
+    fields: tuple[CompositeField, ...] = ()
+    labels: tuple[str, ...] = ()
+
+    @property
+    def depends_on(self) -> tuple[int, ...]:
+        """The OIDs this type's values are built of."""
+        found = (self.element_oid, self.base_oid, self.subtype_oid, self.range_oid)
+        return tuple(o for o in found if o is not None) + tuple(f.type_oid for f in self.fields)
+
+
+def describe_types(catalog: CatalogQuery, oids: Iterable[int]) -> dict[int, TypeDescription]:
+    """`oids` and every type they are built on, described from one catalog query (OIDs not
+    in ``pg_type`` are left out: the registry's text fallback types them)."""
+    wanted = sorted(set(oids))
+    if not wanted:
+        return {}
+    found = {}
+    for row in catalog.query(_TYPES_SQL, (wanted,)):
+        oid, name, typtype, delimiter, array_oid, element, base, base_mod = row[:8]
+        subtype, range_oid, attributes, labels = row[8:12]
+        found[oid] = TypeDescription(
+            oid,
+            name,
+            typtype,
+            delimiter,
+            array_oid,
+            element,
+            base,
+            -1 if base_mod is None else int(base_mod),
+            subtype,
+            range_oid,
+            tuple(CompositeField(int(n), a, int(t), int(m)) for n, a, t, m in attributes or ()),
+            tuple(labels or ()),
+        )
+    return found
+
+
+class TypeDescriptions(Mapping[int, TypeDescription]):
+    """Type descriptions by OID (immutable; pickles as plain data). `registry` gives the codecs
+    of the built-in types plus these, built once per distinct set of descriptions."""
+
+    __slots__ = ("_by_oid", "_key")
+
+    def __init__(self, descriptions: Iterable[TypeDescription] = ()) -> None:
+        self._by_oid = {d.oid: d for d in descriptions}
+        self._key = frozenset(self._by_oid.values())
+
+    def __getitem__(self, oid: int) -> TypeDescription:
+        return self._by_oid[oid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_oid)
+
+    def __len__(self) -> int:
+        return len(self._by_oid)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TypeDescriptions) and self._key == other._key
+
+    def __reduce__(self) -> Any:
+        return (TypeDescriptions, (tuple(self._by_oid.values()),))
+
+    def __repr__(self) -> str:
+        return f"TypeDescriptions({sorted(self._by_oid)})"
+
+    def closure(self, oids: Iterable[int]) -> TypeDescriptions:
+        """The descriptions `oids` need: theirs and, recursively, their dependencies'."""
+        seen: dict[int, TypeDescription] = {}
+        stack = list(oids)
+        while stack:
+            oid = stack.pop()
+            if oid in seen or oid not in self._by_oid:
+                continue
+            description = seen[oid] = self._by_oid[oid]
+            stack.extend(description.depends_on)
+            if description.array_oid is not None:
+                stack.append(description.array_oid)
+        return TypeDescriptions(seen.values())
+
+    def merged(self, other: Iterable[TypeDescription]) -> TypeDescriptions:
+        """These with `other`'s (which win where both describe an OID)."""
+        return TypeDescriptions([*self._by_oid.values(), *other])
+
+    def registry(self) -> TypeRegistry:
+        """A registry with the built-in types and a codec for each description (cached: the
+        same descriptions give the same registry, which must not be changed)."""
+        return _registry(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _registry(descriptions: TypeDescriptions) -> TypeRegistry:
+    from pgcdc.types.registry import DEFAULT_REGISTRY
+
+    registry = DEFAULT_REGISTRY.copy()
+    add_descriptions(registry, descriptions)
+    return registry
+
+
+def add_descriptions(registry: TypeRegistry, descriptions: Mapping[int, TypeDescription]) -> None:
+    """Add a codec for each described type `registry` does not know (and for the described
+    types it is built on)."""
+
+    def build(oid: int) -> TypeCodec:
+        if oid in registry or oid not in descriptions:
+            return registry.get(oid)
+        d = descriptions[oid]
+        name, delim, array_oid = d.name, d.delimiter, d.array_oid
+        codec: TypeCodec
+        if d.element_oid is not None:  # an array type (array_out), of any element type
+            element_codec = build(d.element_oid)
+            if oid in registry:  # derived from the element's array_oid
+                return registry.get(oid)
+            codec = array_codec(element_codec, oid, name)
+        elif d.typtype == "d" and d.base_oid is not None:
+            codec = replace(
+                build(d.base_oid),
+                oid=oid,
+                name=name,
+                array_oid=array_oid,
+                delimiter=delim,
+                element_oid=d.base_oid,
+                extra={},
+                structure="domain",
+            )
+        elif d.typtype == "e":
+            codec = enum_codec(oid, name, array_oid=array_oid)
+        elif d.typtype == "c":
+            fields = [(f.name, build(f.type_oid)) for f in d.fields]
+            codec = composite_codec(
+                oid, name, fields, registry, array_oid=array_oid, delimiter=delim
+            )
+        elif d.typtype == "r" and d.subtype_oid is not None:
+            build(d.subtype_oid)
+            codec = range_codec(oid, name, d.subtype_oid, registry, array_oid=array_oid)
+        elif d.typtype == "m" and d.range_oid is not None:
+            build(d.range_oid)
+            subtype = registry.get(d.range_oid).element_oid
+            if subtype is None:
+                codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
+            else:
+                codec = multirange_codec(
+                    oid, name, subtype, d.range_oid, registry, array_oid=array_oid
+                )
+        else:  # a base type nobody registered: its text, UnknownBinary in binary mode
+            codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
+        return registry.add(codec)
+
+    for oid in sorted(descriptions):
+        build(oid)
 
 
 def resolve(registry: TypeRegistry, catalog: CatalogQuery, oids: Iterable[int]) -> None:
     """Add to `registry` a codec for each of `oids` it does not know, and for the types they
     are built on, from one catalog query. OIDs not in ``pg_type`` are left to the registry's
     text fallback."""
-    missing = sorted({oid for oid in oids if oid not in registry})
-    if not missing:
-        return
-    rows = {row[0]: row for row in catalog.query(_TYPES_SQL, (missing,))}
+    missing = [oid for oid in set(oids) if oid not in registry]
+    add_descriptions(registry, describe_types(catalog, missing))
 
-    def build(oid: int) -> TypeCodec:
-        if oid in registry or oid not in rows:
-            return registry.get(oid)
-        row = rows[oid]
-        name, typtype, delim, array_oid = row[1:5]
-        element, base, subtype, range_oid, attnames, atttypes = row[5:11]
-        codec: TypeCodec
-        if element is not None:  # an array type (array_out), of any element type
-            element_codec = build(element)
-            if oid in registry:  # derived from the element's array_oid
-                return registry.get(oid)
-            codec = array_codec(element_codec, oid, name)
-        elif typtype == "d":
-            codec = replace(
-                build(base),
-                oid=oid,
-                name=name,
-                array_oid=array_oid,
-                delimiter=delim,
-                element_oid=base,
-                extra={},
-                structure="domain",
-            )
-        elif typtype == "e":
-            codec = enum_codec(oid, name, array_oid=array_oid)
-        elif typtype == "c":
-            fields = [(n, build(t)) for n, t in zip(attnames, atttypes, strict=True)]
-            codec = composite_codec(
-                oid, name, fields, registry, array_oid=array_oid, delimiter=delim
-            )
-        elif typtype == "r" and subtype is not None:
-            build(subtype)
-            codec = range_codec(oid, name, subtype, registry, array_oid=array_oid)
-        elif typtype == "m" and range_oid is not None:
-            build(range_oid)
-            subtype = registry.get(range_oid).element_oid
-            if subtype is None:
-                codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
-            else:
-                codec = multirange_codec(
-                    oid, name, subtype, range_oid, registry, array_oid=array_oid
-                )
-        else:  # a base type nobody registered: its text, UnknownBinary in binary mode
-            codec = TypeCodec(oid, name, _text, None, array_oid, delim, structure="unknown")
-        return registry.add(codec)
 
-    for oid in missing:
-        build(oid)
+class TypeCatalog:
+    """The descriptions of the types a pipeline has met, read from `catalog` on first need and
+    again when one turns out stale (`refresh`); `registry` holds their codecs too."""
+
+    def __init__(self, catalog: CatalogQuery, registry: TypeRegistry | None = None) -> None:
+        from pgcdc.types.registry import DEFAULT_REGISTRY
+
+        self.catalog = catalog
+        self.registry = registry if registry is not None else DEFAULT_REGISTRY.copy()
+        self.known = TypeDescriptions()
+
+    def describe(self, oids: Iterable[int]) -> TypeDescriptions:
+        """The descriptions `oids` need (built-in types need none), read if not known yet."""
+        wanted = set(oids)
+        missing = [o for o in wanted if o not in self.known and o not in self.registry]
+        if missing:
+            self._learn(describe_types(self.catalog, missing))
+        return self.known.closure(wanted)
+
+    def refresh(self, oids: Iterable[int]) -> None:
+        """Read the descriptions of `oids` (and what they are built on) again: they changed.
+        The registry is built anew (types built on them, a domain or an array, change too)."""
+        from pgcdc.types.registry import DEFAULT_REGISTRY
+
+        self.known = self.known.merged(describe_types(self.catalog, oids).values())
+        self.registry = DEFAULT_REGISTRY.copy()
+        add_descriptions(self.registry, self.known)
+
+    def _learn(self, found: dict[int, TypeDescription]) -> None:
+        self.known = self.known.merged(found.values())
+        add_descriptions(self.registry, found)

@@ -103,3 +103,61 @@ def assert_identical(db: Database, config: dict[str, Any]) -> None:
     assert results and all(v.equal for v in results), "\n".join(
         f"{v} missing={v.missing} extra={v.extra}" for v in results
     )
+
+
+class RunningPipeline:
+    """A continuous pipeline (`available_now = false`) run in a thread: `wait_for` a state,
+    `stop` it; an error it stopped with is in `failure` (and raised by `stop`)."""
+
+    def __init__(self, spark: Any, config: dict[str, Any], interval: str = "0.3 seconds") -> None:
+        import threading
+
+        from pgcdc.spark.config import parse_config
+        from pgcdc.spark.pipeline import Pipeline
+
+        config = {**config, "trigger": {"available_now": False, "interval": interval}}
+        self.pipeline = Pipeline(parse_config(config), spark)
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="test-pipeline", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.pipeline.run()
+        except BaseException as exc:
+            self.failure = exc
+
+    def __enter__(self) -> RunningPipeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pipeline.stop()
+        self._thread.join(120)
+
+    def wait_for(self, condition: Any, what: str, timeout: float = 120) -> None:
+        """Until `condition()` holds (raises when the pipeline stopped with an error)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.failure is not None:
+                raise AssertionError(f"the pipeline stopped: {self.failure}") from self.failure
+            if condition():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+    def caught_up(self, db: Database) -> bool:
+        """Whether the slot is confirmed up to the server's current WAL position."""
+        row = db.execute(
+            "SELECT confirmed_flush_lsn >= pg_current_wal_lsn() FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (self.pipeline.config.slot,),
+        )
+        return bool(row and row[0][0])
+
+    def stop(self) -> None:
+        self.pipeline.stop()
+        self._thread.join(120)
+        if self.failure is not None:
+            raise self.failure

@@ -3,14 +3,16 @@ class that once lost or changed data silently, or stopped the pipeline for good.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pgcdc.embedded import Database
+from pgcdc.embedded import Database, EmbeddedServer, available_versions
+from pgcdc.targets import DeltaTarget
 from replication.helpers import unique
-from spark.helpers import assert_identical, pipeline_config, run_pipeline
+from spark.helpers import RunningPipeline, assert_identical, pipeline_config, run_pipeline
 
 pytestmark = pytest.mark.server
 
@@ -26,6 +28,10 @@ def _config(db: Database, tmp_path: Path, tables: dict[str, Any], **source: Any)
     config = pipeline_config(db, slot, publication, tmp_path / "lake", tables)
     config["source"].update({"create_slot": True, **source})
     return config
+
+
+def _rows(path: Path, mode: str = "mirror") -> list[dict[str, Any]]:
+    return DeltaTarget(str(path), mode, app_id="pgcdc:test").to_arrow().to_pylist()
 
 
 def test_tables_sharing_user_defined_types(spark: Any, pg: Database, tmp_path: Path) -> None:
@@ -44,8 +50,7 @@ def test_tables_sharing_user_defined_types(spark: Any, pg: Database, tmp_path: P
     config = _config(pg, tmp_path, tables)
     run_pipeline(spark, config)
     pg.execute(
-        "INSERT INTO a VALUES (2, 'happy');"
-        "INSERT INTO b VALUES (2, 'ok', 'green', '{green,red}')"
+        "INSERT INTO a VALUES (2, 'happy');INSERT INTO b VALUES (2, 'ok', 'green', '{green,red}')"
     )
     run_pipeline(spark, config)
     pg.execute(
@@ -57,3 +62,96 @@ def test_tables_sharing_user_defined_types(spark: Any, pg: Database, tmp_path: P
     )
     run_pipeline(spark, config)
     assert_identical(pg, config)
+
+
+def test_values_read_per_key_are_the_types_output(spark: Any, pg: Database, tmp_path: Path) -> None:
+    """A renamed column's values are read from the source per key: as the stream and the copy
+    carry them, the type's own output (a cast to text trimmed char(n)'s padding, case 3)."""
+    pg.execute(
+        "CREATE TABLE padded (id int PRIMARY KEY, c char(6), n numeric(8,3), i inet, v text);"
+        "INSERT INTO padded SELECT g, 'ab', g / 7.0, '10.0.0.1/32', 'v' FROM "
+        "generate_series(1, 30) g"
+    )
+    config = _config(pg, tmp_path, {"public.padded": ["mirror", "history"]})
+    run_pipeline(spark, config)
+    pg.execute(
+        "ALTER TABLE padded RENAME COLUMN c TO c2; ALTER TABLE padded RENAME COLUMN n TO n2;"
+        "ALTER TABLE padded RENAME COLUMN i TO i2; UPDATE padded SET v = 'w' WHERE id = 1"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    mirror = _rows(tmp_path / "lake" / "public.padded")
+    assert {r["c2"] for r in mirror} == {"ab    "}
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE t ADD COLUMN c int DEFAULT 5; ALTER TABLE t ALTER c DROP DEFAULT;"
+        "CLUSTER t USING t_pkey",
+        "CREATE DOMAIN five AS int DEFAULT 5; ALTER TABLE t ADD COLUMN c five;"
+        "ALTER DOMAIN five DROP DEFAULT; CLUSTER t USING t_pkey",
+    ],
+    ids=["column default", "domain default"],
+)
+def test_a_default_dropped_after_a_rewrite(
+    spark: Any, pg: Database, tmp_path: Path, ddl: str
+) -> None:
+    """A constant default, dropped, then the table rewritten, before the batch is applied:
+    the catalog holds neither a missing value nor a default, but the rows hold the value
+    (old rows got NULL, case 4)."""
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 20) g"
+    )
+    config = _config(pg, tmp_path, {"public.t": ["mirror", "history"]})
+    run_pipeline(spark, config)
+    with pg.connect() as conn, conn.transaction():  # one transaction
+        for statement in ddl.split(";"):
+            conn.execute(statement)
+        conn.execute("UPDATE t SET v = 'w' WHERE id = 1")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    assert {r["c"] for r in _rows(tmp_path / "lake" / "public.t")} == {5}
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    """A private PostgreSQL 18 server: the test restarts it."""
+    if 18 not in available_versions():
+        pytest.skip("PostgreSQL 18 not installed")
+    with EmbeddedServer(18) as server:
+        yield server
+
+
+def test_every_connection_comes_back_after_a_server_restart(
+    spark: Any, own_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """The server restarts under a running pipeline; the next batch needs the catalog (a new
+    type's description, a renamed column's values read per key): every connection the
+    pipeline holds connects again, as its replication session does (case 11: the catalog
+    kept its connection to the old server, AdminShutdown)."""
+    db = own_server.create_database()
+    db.execute(
+        "CREATE TYPE mood AS ENUM ('sad', 'ok'); CREATE TABLE t (id int PRIMARY KEY, v text, "
+        "o mood); INSERT INTO t SELECT g, 'v', 'ok' FROM generate_series(1, 10) g"
+    )
+    config = _config(db, tmp_path, {"public.t": ["mirror", "history"]})
+    mirror = DeltaTarget(str(tmp_path / "lake" / "public.t"), "mirror", app_id="pgcdc:test")
+
+    def has(key: int) -> bool:
+        return mirror.exists and key in mirror.to_arrow().column("id").to_pylist()
+
+    with RunningPipeline(spark, config) as running:
+        running.wait_for(lambda: has(1), "the copy")
+        db.execute("INSERT INTO t VALUES (11, 'before', 'sad')")
+        running.wait_for(lambda: has(11), "the first change")
+        db.close()
+        own_server.restart("fast")
+        db.execute(
+            "CREATE TYPE e AS ENUM ('x', 'y'); ALTER TABLE t ADD COLUMN m e DEFAULT 'x';"
+            "ALTER TABLE t RENAME COLUMN v TO w; INSERT INTO t VALUES (12, 'after', 'sad', 'y')"
+        )
+        running.wait_for(lambda: has(12), "the change after the restart")
+        running.stop()
+    assert_identical(db, config)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
-from pgcdc.replication.slots import connect_sql
+from pgcdc.replication.sql_session import SqlSession
 
 __all__ = ["Catalog", "quote_identifier"]
 
@@ -22,20 +20,13 @@ class Catalog:
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
-        self._conn: psycopg.Connection | None = None
+        self.session = SqlSession(conninfo)
         self._type_names: dict[tuple[int, int | None], str] = {}
         self._keywords: frozenset[str] | None = None
 
-    def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            conn = connect_sql(self.conninfo)
-            conn.execute("SET default_transaction_read_only = on")
-            self._conn = conn
-        return self._conn
-
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query; the rows."""
-        return self._connection().execute(sql, params).fetchall()
+        return self.session.query(sql, params)
 
     def type_name(self, type_oid: int, type_modifier: int | None = None) -> str:
         """``format_type(oid, typmod)``: e.g. ``integer``, ``character varying(20)``.
@@ -62,9 +53,7 @@ class Catalog:
         return quote_identifier(name, self.keywords())
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.session.close()
 
 
 def quote_identifier(name: str, keywords: frozenset[str]) -> str:

@@ -44,7 +44,7 @@ from pgcdc.types.columns import TextColumns, text_columns_schema
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import TypeRegistry
 
-__all__ = ["copy_query", "copy_schema", "read_copy"]
+__all__ = ["copy_query", "copy_schema", "copy_texts", "read_copy"]
 
 #: The schema of `read_copy`'s batches.
 copy_schema = text_columns_schema
@@ -296,16 +296,26 @@ def read_copy(
         timings["type"] = timings.get("type", 0.0) + time.perf_counter() - started
         return batch
 
+    for rows, strings in copy_texts(conn, query, len(relation.columns), batch_rows=batch_rows):
+        yield typed(strings, rows)
+
+
+def copy_texts(
+    conn: psycopg.Connection[Any], query: Any, columns: int, *, batch_rows: int = 200_000
+) -> Iterator[tuple[int, list[pa.Array]]]:
+    """Run `query` (a ``COPY … TO STDOUT`` of `columns` columns, with no format) on `conn`
+    and yield its rows as (row count, one string array per column: each value exactly as
+    the type's output function printed it, NULL as null), at most `batch_rows` rows at a
+    time. A COPY the caller stops reading is cancelled."""
     fast = _copytext()
     if fast is not None and getattr(conn.pgconn, "pgconn_ptr", None):
-        drained = _drained(conn, query, fast.CopyColumns(len(relation.columns)), batch_rows)
+        drained = _drained(conn, query, fast.CopyColumns(columns), batch_rows)
         try:
-            for rows, strings in drained:
-                yield typed(strings, rows)
+            yield from drained
         finally:
             drained.close()  # now, not when collected: an unfinished COPY is cancelled
         return
-    names = [f"c{i}" for i in range(len(relation.columns))]
+    names = [f"c{i}" for i in range(columns)]
     csv = (sql.SQL(query) if isinstance(query, str) else query) + sql.SQL(" (FORMAT csv)")
     pieces = _pieces(conn, csv, batch_rows, PIECE_BYTES)
     try:
@@ -313,6 +323,6 @@ def read_copy(
             strings = _parse(piece, names) if names else []
             if strings and len(strings[0]) != rows:
                 raise ValueError(f"COPY sent {rows} rows, its CSV holds {len(strings[0])}")
-            yield typed(strings, rows)
+            yield rows, strings
     finally:
         pieces.close()  # now, not when collected: an unfinished COPY is cancelled

@@ -5,12 +5,15 @@ the source (the pipeline's `pgcdc.targets.added_columns.FillSource`).
   value (``pg_attribute.atthasmissing``, ``attmissingval``): every older row holds x. It stays
   until the table is rewritten, so the catalog read later still gives the value of the change's
   point.
-* A column added without a default is NULL in every older row (later updates stream).
-* A column with a default but no missing value was added with a volatile default (an identity
-  column's next value, a domain's default checked by the domain's constraints), or the table
-  was rewritten since: the values are in the rows only, so they are read from the table by key
-  (the column as the walsender session prints it). Reading later than the change is safe for a
-  mirror: a row changed since carries its value in its own change, applied after.
+* A column with no missing value was added without a default (every older row NULL), with a
+  volatile default (an identity column's next value, a domain's default checked by the
+  domain's constraints), or with a constant one that the table's rewrite since (``CLUSTER``,
+  ``VACUUM FULL``, a type change) moved into the rows, perhaps with the default dropped
+  afterwards: the catalog cannot tell these apart, the rows can. When no row holds a value the
+  older rows are NULL; otherwise the values are read from the table by key, exactly as the
+  walsender session prints them (a ``COPY`` in text form: the type's output function, so
+  ``char(n)`` keeps its padding). Reading later than the change is safe for a mirror: a row
+  changed since carries its value in its own change, applied after.
 * A column that was not appended (renamed, or newly in the publication's column list) holds
   values of its own in the older rows: read by key, whatever its default.
 * A column the catalog no longer has by that name (dropped, or renamed, since) is NULL.
@@ -25,13 +28,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from psycopg import sql
 
 from pgcdc.envelope import Shape
 from pgcdc.errors import TargetError
-from pgcdc.replication.slots import connect_sql
+from pgcdc.replication.sql_session import SqlSession
+from pgcdc.snapshot.copy import copy_texts
 from pgcdc.targets.added_columns import FILL_VALUE, ColumnFill
 
 __all__ = ["SourceFills"]
@@ -55,47 +60,60 @@ class SourceFills:
     conninfo: str
 
     def __call__(self, shape: Shape, column: str, *, appended: bool = True) -> ColumnFill:
-        with connect_sql(self.conninfo, pinned_settings=True) as conn:
-            row = conn.execute(_ATTRIBUTE, (shape.relation_oid, column)).fetchone()
-            if row is None:
-                log.warning(
-                    "%s.%s: the column is gone from the catalog (dropped or renamed since it "
-                    "was added); its older rows hold NULL",
-                    shape.name,
-                    column,
-                )
-                return ColumnFill()
-            # has_default: the column's own, an identity's or its type's (a domain's)
-            has_missing, missing, has_default, table, type_oid, type_modifier = row
-            column_info = next(c for c in shape.columns if c.name == column)
-            now = (type_oid, type_modifier)
-            later = None if now == (column_info.type_oid, column_info.type_modifier) else now
-            if appended and has_missing:
-                return ColumnFill(text=missing, later_type=later)
-            if appended and not has_default:
-                return ColumnFill()
-            if later is not None and (not shape.key_names or shape.full_identity):
-                return ColumnFill()  # the type change stops the table: nothing to read by
-            if not shape.key_names or shape.full_identity:
-                why = (
-                    "added with a volatile default (or the table was rewritten since)"
-                    if appended
-                    else "renamed (or newly published)"
-                )
-                raise TargetError(
-                    f"{shape.name}.{column}: {why}, so each older row has its own value, "
-                    "which a table without a key cannot be matched by; recopy the table"
-                )
-            names = [*shape.key_names, column]
-            query = sql.SQL("SELECT {} FROM {}").format(
-                sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
-                sql.SQL(table),  # regclass::text: quoted as needed
+        with SqlSession(self.conninfo, pinned_settings=True) as session:
+            return session.run(lambda conn: self._fill(conn, shape, column, appended))
+
+    def _fill(self, conn: Any, shape: Shape, column: str, appended: bool) -> ColumnFill:
+        row = conn.execute(_ATTRIBUTE, (shape.relation_oid, column)).fetchone()
+        if row is None:
+            log.warning(
+                "%s.%s: the column is gone from the catalog (dropped or renamed since it "
+                "was added); its older rows hold NULL",
+                shape.name,
+                column,
             )
-            values = list(zip(*conn.execute(query).fetchall(), strict=True)) or [()] * len(names)
-        columns = [*shape.key_names, FILL_VALUE]
+            return ColumnFill()
+        # has_default: the column's own, an identity's or its type's (a domain's)
+        has_missing, missing, has_default, table, type_oid, type_modifier = row
+        column_info = next(c for c in shape.columns if c.name == column)
+        now = (type_oid, type_modifier)
+        later = None if now == (column_info.type_oid, column_info.type_modifier) else now
+        if appended and has_missing:
+            return ColumnFill(text=missing, later_type=later)
+        source = sql.SQL(table)  # regclass::text: quoted as needed
+        if appended and not has_default and not _any_value(conn, source, column):
+            return ColumnFill()
+        if later is not None and (not shape.key_names or shape.full_identity):
+            return ColumnFill()  # the type change stops the table: nothing to read by
+        if not shape.key_names or shape.full_identity:
+            why = (
+                "added with a volatile default (or the table was rewritten since)"
+                if appended
+                else "renamed (or newly published)"
+            )
+            raise TargetError(
+                f"{shape.name}.{column}: {why}, so each older row has its own value, "
+                "which a table without a key cannot be matched by; recopy the table"
+            )
+        names = [*shape.key_names, column]
+        query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
+            sql.SQL(", ").join(sql.Identifier(n) for n in names), source
+        )
+        parts = list(copy_texts(conn, query, len(names)))
+        columns = [
+            pa.concat_arrays([p[1][i] for p in parts]) if parts else pa.array([], pa.string())
+            for i in range(len(names))
+        ]
         return ColumnFill(
-            rows=pa.table(
-                {n: pa.array(v, pa.string()) for n, v in zip(columns, values, strict=True)}
-            ),
+            rows=pa.table(dict(zip([*shape.key_names, FILL_VALUE], columns, strict=True))),
             later_type=later,
         )
+
+
+def _any_value(conn: Any, table: sql.Composable, column: str) -> bool:
+    """Whether some row of `table` holds a value (not NULL) in `column`."""
+    query = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NOT NULL)").format(
+        table, sql.Identifier(column)
+    )
+    row = conn.execute(query).fetchone()
+    return bool(row and row[0])

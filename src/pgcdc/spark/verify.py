@@ -1,7 +1,8 @@
 """Row-by-row comparison of a source table with its targets: the demo's verdict and the tests'.
 
-The source is read in one snapshot as the walsender would print it (same pinned session
-settings, values as text) and typed through the same type mapping as the targets, so a
+The source is read in one snapshot as the walsender would print it (a ``COPY`` in text form
+under the same pinned session settings: each value its type's output) and typed through the
+same type mapping as the targets, so a
 difference is a difference of data, never of formatting. Rows compare as multisets.
 """
 
@@ -15,10 +16,9 @@ from typing import Any
 import pyarrow as pa
 from psycopg import sql
 
-from pgcdc.protocol import TupleData
 from pgcdc.replication.slots import connect_sql
+from pgcdc.snapshot.copy import copy_schema, read_copy
 from pgcdc.spark.typed import catalog_relation
-from pgcdc.types.arrow import ArrowBatchBuilder
 
 __all__ = ["Verdict", "compare_history", "compare_mirror", "source_rows"]
 
@@ -54,18 +54,17 @@ def source_rows(
     """The table's current rows (those `where` selects: a condition), typed like the
     targets' columns: the columns `publications` publish (else all but generated ones)."""
     relation, types = catalog_relation(conninfo, table, publications)
-    builder = ArrowBatchBuilder(relation, types.registry())
+    registry = types.registry()
     names = [c.name for c in relation.columns]
-    select = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
+    select = sql.SQL(", ").join(sql.Identifier(n) for n in names)
     source = sql.Identifier(relation.namespace, relation.relname)
-    with connect_sql(conninfo, pinned_settings=True) as conn:
-        query = sql.SQL("SELECT {} FROM {}").format(select, source)
-        if where is not None:
-            query += sql.SQL(" WHERE ") + where
-        for row in conn.execute(query):
-            kinds = bytes(0x6E if v is None else 0x74 for v in row)
-            builder.append(TupleData(kinds, tuple(None if v is None else v.encode() for v in row)))
-    return pa.Table.from_batches([builder.flush()]).select(names)
+    query = sql.SQL("SELECT {} FROM {}").format(select, source)
+    if where is not None:
+        query += sql.SQL(" WHERE ") + where
+    copy = sql.SQL("COPY ({}) TO STDOUT").format(query)
+    with connect_sql(conninfo, pinned_settings=True) as conn, conn.transaction():
+        batches = list(read_copy(conn, copy, relation, registry))
+    return pa.Table.from_batches(batches, schema=copy_schema(relation, registry)).select(names)
 
 
 def _keyed(table: pa.Table, names: list[str]) -> Counter[str]:

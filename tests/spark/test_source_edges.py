@@ -3,6 +3,8 @@ class that once lost or changed data silently, or stopped the pipeline for good.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,8 +12,9 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database, EmbeddedServer, available_versions
+from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
-from replication.helpers import unique
+from replication.helpers import unique, wait_for
 from spark.helpers import RunningPipeline, assert_identical, pipeline_config, run_pipeline
 
 pytestmark = pytest.mark.server
@@ -155,3 +158,74 @@ def test_every_connection_comes_back_after_a_server_restart(
         running.wait_for(lambda: has(12), "the change after the restart")
         running.stop()
     assert_identical(db, config)
+
+
+def test_a_commit_at_the_copys_consistent_point_is_applied(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """The transaction whose commit record starts exactly at the slot's consistent point P is
+    not in the exported snapshot and its Begin carries final_lsn = P: the targets hold
+    "commit LSN < P" after the copy and apply it (case 1: it was lost, found under pgbench).
+
+    The issue's recipe makes that commit the WAL record right after the running-transactions
+    record that made the slot consistent: X open while the slot is created; Y opens, X
+    commits, a standby snapshot is logged; Z opens, Y commits, another one is logged; Z
+    commits at once. (The snapshot builder may also turn consistent on Y's commit record,
+    then Z commits right after it, without the second standby snapshot: both are tried, and
+    the test needs one attempt where Z's commit LSN is the point.) PostgreSQL 15 has no
+    pg_log_standby_snapshot()."""
+    if pg.server.version < 16:
+        pytest.skip("pg_log_standby_snapshot() needs PostgreSQL 16")
+    import threading
+
+    pg.execute("CREATE TABLE h (id int PRIMARY KEY, who text)")
+    hits = 0
+    # other WAL (a checkpoint, autovacuum) may come in between: a few attempts
+    for attempt, second_snapshot in enumerate([True, False] * 3):
+        config = _config(
+            pg, tmp_path / str(attempt), {"public.h": ["mirror", "history", "changelog"]}
+        )
+        slot = config["source"]["slot"]
+        pg.execute("TRUNCATE h")
+        x, y, z = (pg.connect() for _ in range(3))
+        x.execute("BEGIN; INSERT INTO h VALUES (1, 'x')")
+        failure: list[BaseException] = []
+
+        def run(config: dict[str, Any] = config, failure: list[BaseException] = failure) -> None:
+            try:
+                run_pipeline(spark, config)
+            except BaseException as exc:
+                failure.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        wait_for(
+            lambda slot=slot: pg.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ),
+            timeout=120,
+            what="the slot's creation to begin",
+        )
+        time.sleep(0.5)  # its first running-transactions record, with X in it
+        y.execute("BEGIN; INSERT INTO h VALUES (2, 'y')")
+        x.execute("COMMIT")
+        pg.execute("SELECT pg_log_standby_snapshot()")
+        z.execute("BEGIN; INSERT INTO h VALUES (3, 'z')")
+        y.execute("COMMIT")
+        if second_snapshot:
+            pg.execute("SELECT pg_log_standby_snapshot()")
+        z.execute("COMMIT")
+        runner.join(300)
+        for conn in (x, y, z):
+            conn.close()
+        assert not failure, failure
+        assert_identical(pg, config)
+        lake = tmp_path / str(attempt) / "lake"
+        point = json.loads((lake / "_pgcdc" / "test" / "snapshot.json").read_text())["point"]
+        changes = _rows(lake / "public.h__changelog", "changelog")
+        at = {dict(c["after"])["who"]: c["commit_lsn"] for c in changes if c["op"] == "insert"}
+        if at.get("z") == Lsn.parse(point):
+            hits += 1
+            break
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+    assert hits, "no attempt committed Z at the consistent point"

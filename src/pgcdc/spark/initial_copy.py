@@ -45,6 +45,7 @@ from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan
 from pgcdc.spark.session import error_line
 from pgcdc.spark.typed import catalog_relation
 from pgcdc.targets import Target, TargetSpec, open_target
+from pgcdc.targets.base import copy_watermark
 from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
 from pgcdc.types.catalog import TypeDescriptions
 
@@ -281,7 +282,7 @@ class InitialCopy:
                     target.reconcile(rows, int(point), keys)
             else:
                 for target in self.targets[table]:
-                    target.mark(int(point))
+                    target.mark(copy_watermark(point))
         shutil.rmtree(self._staging_dir, ignore_errors=True)
         state["status"] = "done"
         self._save(state)
@@ -314,7 +315,7 @@ class InitialCopy:
                 copied = self._copy(plans, created.snapshot_name, point)
         for table in copied:
             for target in self.targets[table]:
-                target.mark(int(point))
+                target.mark(copy_watermark(point))
         return point, copied
 
     def _source(self, table: str) -> str:

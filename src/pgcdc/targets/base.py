@@ -32,6 +32,7 @@ __all__ = [
     "Target",
     "TargetSpec",
     "TargetState",
+    "copy_watermark",
     "history_columns",
     "open_target",
 ]
@@ -173,6 +174,21 @@ def open_target(
         registry=registry or DEFAULT_REGISTRY,
         **options,
     )
+
+
+def copy_watermark(point: int) -> int:
+    """The watermark of a copy taken under the exported snapshot of a slot whose consistent
+    point is `point`: it holds exactly the transactions whose commit LSN is below the point.
+
+    The server's snapshot builder turns consistent on reading a running-transactions record
+    and sets the slot's start (``confirmed_flush``, the consistent point) to that record's
+    end; the exported snapshot counts as committed only the transactions whose commit record
+    it read before. Decoding then skips a transaction whose commit record starts before the
+    start point and sends every other one. A commit record that starts exactly at the point
+    (the next WAL record) is therefore not in the snapshot and is streamed, its Begin carrying
+    final_lsn = point: the copy holds "commit LSN < point", so the targets record point - 1
+    and apply every change at or after the point."""
+    return int(point) - 1
 
 
 def history_columns(rows: pa.Table, point: int, position: int) -> pa.Table:

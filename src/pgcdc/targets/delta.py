@@ -89,6 +89,7 @@ from pgcdc.targets.base import (
     Target,
     TargetSpec,
     TargetState,
+    copy_watermark,
     history_columns,
 )
 from pgcdc.targets.bulk import BulkMirror, bulk_mirror
@@ -129,6 +130,9 @@ CHECKPOINT_EVERY = 100
 COMPACT_EVERY = 1000
 #: The most commits `maintain` makes in a row (compaction, vacuum start and end).
 _MAINTENANCE_COMMITS = 4
+#: The ordinal at which a reconcile with a copy at point P ends versions, (P, this); the ones it
+#: opens follow. Negative: before every change the stream brings at commit LSN P (ordinal 1 on).
+_RECONCILED = -(1 << 62)
 #: The merge source's column telling what a row does; never written to the table.
 ACTION = "_pgcdc_action"
 #: Above this many keys, a lookup of current rows scans instead of listing the keys.
@@ -532,11 +536,14 @@ class DeltaTarget(Target):
     def reconcile(self, rows: pa.Table, point: int, keys: Sequence[str]) -> None:
         """Make the table equal `rows`, the source table at `point` (typed rows from a copy
         under a new slot's snapshot, after the old slot was lost), changing only what
-        differs (`pgcdc.targets.reconcile`), in one commit that records `point` as the
-        watermark. A mirror upserts the rows that differ or are missing and deletes the
-        ones the source no longer has; a history ends the current versions of those and
-        opens new ones, at `point`. `keys`: the table's key (none: whole rows, counted)."""
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, point)])
+        differs (`pgcdc.targets.reconcile`), in one commit that records the copy's
+        watermark (`copy_watermark`: the copy holds the commits before `point`). A mirror
+        upserts the rows that differ or are missing and deletes the ones the source no longer
+        has; a history ends the current versions of those and opens new ones, at `point`
+        (before any change at `point`). `keys`: the table's key (none: whole rows, counted)."""
+        commit = CommitProperties(
+            app_transactions=[Transaction(self.app_id, copy_watermark(point))]
+        )
         table = self._open()
         if table is None or self.mode == "changelog":  # a change log cannot know what it missed
             if table is not None:
@@ -586,12 +593,12 @@ class DeltaTarget(Target):
         opened = pa.concat_tables([diff.updates, diff.inserts])
         closes = _conform(ended, _data_schema(schema))
         closes = closes.append_column(START_AT, pa.nulls(len(closes), SEQUENCE_TYPE))
-        # ended at (point, 0), before the new versions (point, 1…) start: no overlap
+        # ended at (point, _RECONCILED), before the new versions start: no overlap
         closes = closes.append_column(
-            END_AT, pa.repeat(pa.scalar(_seq((point, 0)), SEQUENCE_TYPE), len(closes))
+            END_AT, pa.repeat(pa.scalar(_seq((point, _RECONCILED)), SEQUENCE_TYPE), len(closes))
         )
         opens = _conform(opened, _data_schema(schema))
-        opens = opens.append_column(START_AT, _sequences(point, 1, len(opens)))
+        opens = opens.append_column(START_AT, _sequences(point, _RECONCILED + 1, len(opens)))
         opens = opens.append_column(END_AT, pa.nulls(len(opens), SEQUENCE_TYPE))
         source = pa.concat_tables([_with_action(closes, "close"), _with_action(opens, "insert")])
         return self._merge_versions(table, source, match, schema, commit)
@@ -629,13 +636,13 @@ class DeltaTarget(Target):
         for at, count in zip(removed, diff.surplus.values(), strict=True):
             at.sort(key=lambda i: (starts[i]["commit_lsn"], starts[i]["ordinal"]))
             again += at  # every current copy goes, and comes back: the oldest `count` ended
-            ends += [_seq((point, 0))] * count + [None] * (len(at) - count)
+            ends += [_seq((point, _RECONCILED))] * count + [None] * (len(at) - count)
         kept = _conform(data.take(pa.array(again, pa.int64())), schema)
         kept = _with_column(kept, END_AT, pa.array(ends, SEQUENCE_TYPE))
         matches = data.select(names).take(pa.array(list(diff.surplus), pa.int64()))
         matches = _conform(matches, schema)
         added = _conform(diff.additions, _data_schema(schema))
-        added = added.append_column(START_AT, _sequences(point, 1, len(added)))
+        added = added.append_column(START_AT, _sequences(point, _RECONCILED + 1, len(added)))
         added = added.append_column(END_AT, pa.nulls(len(added), SEQUENCE_TYPE))
         source = pa.concat_tables(
             [

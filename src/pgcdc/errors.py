@@ -7,6 +7,8 @@ happened, where (message type, byte offset, file position) and at which LSN when
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CaptureError",
     "ColumnCountMismatch",
@@ -267,16 +269,60 @@ class ValueOutOfRange(PgcdcError):
     the out-of-range policy "error". Names the table, the column, the value and the LSN."""
 
     def __init__(
-        self, reason: str, *, table: str, column: str, value: str, lsn: object | None = None
+        self,
+        reason: str,
+        *,
+        table: str,
+        column: str,
+        value: str,
+        lsn: object | None = None,
+        row: int | None = None,
+        where: str | None = None,
     ) -> None:
         self.reason = reason
         self.table = table
         self.column = column
         self.value = value
         self.lsn = lsn
-        super().__init__(
-            f"{table}.{column}: value {value} {reason} (at LSN {lsn if lsn is not None else '?'})"
+        #: The value's place among the values typed together, when typed a column at a time
+        #: (the caller knows which change or copied row that is: `located`).
+        self.row = row
+        if where is None and lsn is not None:
+            where = f"at LSN {lsn}"
+        self.where = where
+        place = f" ({where})" if where else ""
+        super().__init__(f"{table}.{column}: value {value} {reason}{place}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _out_of_range,
+            (self.reason, self.table, self.column, self.value, self.lsn, self.row, self.where),
         )
+
+    def located(self, *, lsn: object | None = None, where: str | None = None) -> ValueOutOfRange:
+        """The same error, saying where the value came from (a change's LSN, a copy)."""
+        return ValueOutOfRange(
+            self.reason,
+            table=self.table,
+            column=self.column,
+            value=self.value,
+            lsn=lsn,
+            row=self.row,
+            where=where,
+        )
+
+
+def _out_of_range(*args: object) -> ValueOutOfRange:
+    reason, table, column, value, lsn, row, where = args
+    return ValueOutOfRange(
+        str(reason),
+        table=str(table),
+        column=str(column),
+        value=str(value),
+        lsn=lsn,
+        row=row,  # type: ignore[arg-type]
+        where=where,  # type: ignore[arg-type]
+    )
 
 
 class TargetError(PgcdcError):

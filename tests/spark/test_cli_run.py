@@ -144,7 +144,8 @@ def test_status_metrics_and_plot_of_a_running_pipeline(pg: Database, tmp_path: P
     )
     try:
         deadline = time.monotonic() + 120
-        while not pg.execute(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}'"):
+        mirror = DeltaTarget(str(lake / "public.t"), "mirror", app_id="pgcdc:cli")
+        while not (mirror.exists and mirror.watermark is not None):  # the copy is done
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline
             time.sleep(0.5)

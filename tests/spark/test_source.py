@@ -76,6 +76,7 @@ def test_envelope_and_transaction_bounded_batches(spark: Any, pg: Database, tmp_
         "type_oid": 23,
         "type_modifier": -1,
         "key": True,
+        "attnum": 1,
     }
     assert rows[0].schema == "public" and rows[0].replica_identity == "d"
     assert all(r.commit_ts is not None and r.xid for r in rows)

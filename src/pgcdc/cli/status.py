@@ -19,10 +19,12 @@ from pgcdc.monitoring import (
     BatchLog,
     BatchRecord,
     SlotStatus,
+    current_lag,
     failover_warnings,
     format_bytes,
     format_seconds,
     plot_batches,
+    read_lag,
     slot_status,
     throughput,
     wal_warnings,
@@ -172,8 +174,9 @@ def slot_sections(status: SlotStatus, max_retained_bytes: int | None = None) -> 
     return sections
 
 
-def batch_section(records: list[BatchRecord], now: datetime) -> Section:
-    """The pipeline's batches: how many, the last one, lag and throughput."""
+def batch_section(records: list[BatchRecord], now: datetime, lag: float | None = None) -> Section:
+    """The pipeline's batches: how many, the last one, lag (`lag`: seconds behind now,
+    `pgcdc.monitoring.lag.current_lag`) and throughput."""
     if not records:
         return Section("Batches", [("batches", "none recorded")], key="batches", data={})
     last = records[-1]
@@ -189,6 +192,7 @@ def batch_section(records: list[BatchRecord], now: datetime) -> Section:
         "changes": changes,
         "changes_per_second": average,
         "peak_changes_per_second": peak,
+        "lag_seconds": lag,
     }
     lag_seconds = "" if last.lag_seconds is None else f", {last.lag_seconds:.1f} s"
     rows = [
@@ -199,6 +203,7 @@ def batch_section(records: list[BatchRecord], now: datetime) -> Section:
             f"{last.changes} changes, {format_bytes(last.bytes)}, {last.seconds:.2f} s",
         ),
         ("lag after it", f"{format_bytes(last.lag_bytes) or '-'}{lag_seconds}"),
+        ("lag now", "-" if lag is None else ("caught up" if lag == 0 else format_seconds(lag))),
         (
             "changes",
             f"{changes} ({average or 0:.0f}/s on average, peak {peak or 0:.0f}/s)",
@@ -244,11 +249,17 @@ def pipeline_sections(path: Path, *, plot: Path | None = None) -> list[Section]:
     status = slot_status(config.conninfo, config.slot)
     sections = slot_sections(status, config.max_retained_wal)
     records = BatchLog(state / "batches.jsonl").read()
-    sections.append(batch_section(records, status.server_time))
+    lag = current_lag(
+        read_lag(state / "lag.json"),
+        status.server_time,
+        records[-1].last_commit_time if records else None,
+        status.lag_bytes,
+    )
+    sections.append(batch_section(records, status.server_time, lag))
     if plot is not None:
         sections.append(plot_section(records, plot, title=f"pgcdc pipeline {config.name}"))
     sections.append(_target_section(config, status.server_time))
-    copy = _copy_section(state / "snapshot.json")
+    copy = _copy_section(state / "snapshot.json", config)
     if copy is not None:
         sections.append(copy)
     stopped = Quarantine(state / "quarantine.json").records()
@@ -294,14 +305,30 @@ def _target_section(config: Any, now: datetime) -> Section:
     return Section("Targets", rows, key="targets", data=data)
 
 
-def _copy_section(path: Path) -> Section | None:
-    """The initial copy: its status, point and chunks, from the copy's state file."""
+def _copy_section(path: Path, config: Any) -> Section | None:
+    """The initial copy: its status, point and, per table, the chunks its targets hold of
+    the ones planned (and their rows)."""
+    from pgcdc.targets import open_target
+
     if not path.exists():
         return None
     state = json.loads(path.read_text())
-    chunks = {t: len(c) for t, c in state.get("chunks", {}).items()}
-    rows = [("status", str(state.get("status"))), ("point", str(state.get("point", "-")))]
-    rows += [(f"  {t}", f"{n} chunks planned") for t, n in sorted(chunks.items())]
-    data = {"status": state.get("status"), "point": state.get("point"), "chunks": chunks}
+    point = state.get("point")
+    planned = {t: len(c) for t, c in state.get("chunks", {}).items()}
+    copied: dict[str, dict[str, int]] = {}
+    for spec in config.targets():
+        if spec.table in planned and spec.table not in copied and spec.mode != "changelog":
+            target = open_target(spec.spec, app_id=config.app_id)
+            copied[spec.table] = target.copied_chunks(int(Lsn.parse(point))) if point else {}
+    rows = [("status", str(state.get("status"))), ("point", str(point or "-"))]
+    data: dict[str, Any] = {"status": state.get("status"), "point": point, "tables": {}}
+    for table, count in sorted(planned.items()):
+        done = copied.get(table, {})
+        rows.append((f"  {table}", f"{len(done)} of {count} chunks, {sum(done.values()):,} rows"))
+        data["tables"][table] = {
+            "chunks_planned": count,
+            "chunks_copied": len(done),
+            "rows_copied": sum(done.values()),
+        }
     warnings = [] if state.get("status") == "done" else ["the initial copy has not finished"]
     return Section("Initial copy", rows, key="initial_copy", data=data, warnings=warnings)

@@ -7,7 +7,7 @@ Pure Arrow: the Spark schema (`pgcdc.spark.envelope`) is derived from it, and th
 and the ``json`` plugin use it.
 """
 
-from pgcdc.envelope.builder import OP_CODES, EnvelopeBuilder
+from pgcdc.envelope.builder import OP_CODES, EnvelopeBuilder, snapshot_reads
 from pgcdc.envelope.images import key_pairs, row_pairs
 from pgcdc.envelope.schema import COLUMN_TYPE, ENVELOPE_ARROW_SCHEMA, SEQUENCE_TYPE, TEXT_MAP
 from pgcdc.envelope.shape import ColumnInfo, Shape
@@ -23,4 +23,5 @@ __all__ = [
     "Shape",
     "key_pairs",
     "row_pairs",
+    "snapshot_reads",
 ]

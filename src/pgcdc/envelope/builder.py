@@ -31,10 +31,10 @@ from pgcdc.protocol.columns import (
     row_columns,
 )
 
-__all__ = ["OP_CODES", "EnvelopeBuilder"]
+__all__ = ["OP_CODES", "EnvelopeBuilder", "snapshot_reads"]
 
-#: The ``op`` of each change kind, by code.
-OPS = ("insert", "update", "delete", "truncate", "message")
+#: The ``op`` of each change kind, by code (``read``: a row of the initial copy).
+OPS = ("insert", "update", "delete", "truncate", "message", "read")
 OP_CODES = {name: code for code, name in enumerate(OPS)}
 _TRUNCATE, _MESSAGE = 3, 4
 #: Microseconds from 1970-01-01 to 2000-01-01 (PostgreSQL's epoch).
@@ -42,6 +42,8 @@ _PG_EPOCH_US = 946_684_800_000_000
 _OPS_ARRAY = pa.array(OPS, pa.string())
 #: A row that is not a row change (truncate, message) in the order of rows.
 _OTHER = -1
+#: A relation and what each of its columns is (its attnums; empty: not known).
+_Described = tuple[Relation, tuple[int, ...]]
 
 
 @dataclass(slots=True)
@@ -56,10 +58,11 @@ class _Txn:
 class _Group:
     """The row changes of one relation (as one Relation message described it)."""
 
-    __slots__ = ("collector", "relation")
+    __slots__ = ("attnums", "collector", "relation")
 
-    def __init__(self, relation: Relation) -> None:
+    def __init__(self, relation: Relation, attnums: tuple[int, ...]) -> None:
         self.relation = relation
+        self.attnums = attnums
         self.collector: RowColumnsLike = row_columns(relation.relid, len(relation.columns))
 
 
@@ -73,8 +76,9 @@ class EnvelopeBuilder:
         self._group_of: dict[int, int] = {}  # id(relation) -> group
         #: Per row, in order: its group, or _OTHER.
         self._order = array("i")
-        #: The truncate and message rows, in order: (ordinal, op, lsn, relation, extras).
-        self._others: list[tuple[int, int, int | None, Relation | None, tuple[object, ...]]] = []
+        #: The truncate and message rows, in order: (ordinal, op, lsn, relation and its
+        #: attnums, extras).
+        self._others: list[tuple[int, int, int | None, _Described | None, tuple[object, ...]]] = []
 
     def __len__(self) -> int:
         return len(self._order)
@@ -90,18 +94,27 @@ class EnvelopeBuilder:
         """The rows that follow are the transaction's that committed at `commit_lsn`."""
         self._txns.append(_Txn(int(commit_lsn), xid, commit_ts, origin))
 
-    def _group(self, relation: Relation) -> int:
+    def _group(self, relation: Relation, attnums: tuple[int, ...] = ()) -> int:
         index = self._group_of.get(id(relation))
         if index is None:
             index = self._group_of[id(relation)] = len(self._groups)
-            self._groups.append(_Group(relation))  # holds the relation: its id stays its own
+            # holds the relation: its id stays its own
+            self._groups.append(_Group(relation, attnums))
         return index
 
-    def frames(self, relation: Relation, buffer: bytes | memoryview, start: int, end: int) -> int:
+    def frames(
+        self,
+        relation: Relation,
+        buffer: bytes | memoryview,
+        start: int,
+        end: int,
+        attnums: tuple[int, ...] = (),
+    ) -> int:
         """Change frames of `relation` in ``buffer[start:end]``; the offset of the first one
         not taken (a message of another type, or one that does not decode), `end` when all
-        were."""
-        index = self._group(relation)
+        were. `attnums`: what each of the relation's columns is (empty: not known), for
+        every change of this relation object."""
+        index = self._group(relation, attnums)
         collector = self._groups[index].collector
         before = collector.rows
         stop = collector.add(buffer, start, end)
@@ -117,19 +130,26 @@ class EnvelopeBuilder:
         message: Insert | Update | Delete,
         relation: Relation,
         lsn: int | None,
+        attnums: tuple[int, ...] = (),
     ) -> None:
         """One decoded insert, update or delete of `relation`."""
         if message.xid is not None:  # a frame has no stream block's xid
             message = replace(message, xid=None)
         frame = change_frame(ordinal, lsn or 0, encode(message))
-        if self.frames(relation, frame, 0, len(frame)) != len(frame):
+        if self.frames(relation, frame, 0, len(frame), attnums) != len(frame):
             raise ValueError(f"{message!r} does not fit {relation.relname}'s relation")
 
     def truncate(
-        self, ordinal: int, relation: Relation, cascade: bool, restart: bool, lsn: int | None
+        self,
+        ordinal: int,
+        relation: Relation,
+        cascade: bool,
+        restart: bool,
+        lsn: int | None,
+        attnums: tuple[int, ...] = (),
     ) -> None:
         """One of the tables a TRUNCATE emptied."""
-        self._other(ordinal, _TRUNCATE, lsn, relation, (cascade, restart))
+        self._other(ordinal, _TRUNCATE, lsn, (relation, attnums), (cascade, restart))
 
     def message(
         self, ordinal: int, prefix: str, content: bytes, transactional: bool, lsn: int | None
@@ -142,7 +162,7 @@ class EnvelopeBuilder:
         ordinal: int,
         op: int,
         lsn: int | None,
-        relation: Relation | None,
+        relation: _Described | None,
         extras: tuple[object, ...],
     ) -> None:
         self._txns[-1].rows += 1
@@ -210,12 +230,18 @@ def _per_txn(values: list[object], per_txn: np.ndarray, type_: pa.DataType) -> p
     return pa.array(values, type_).take(pa.array(per_txn))
 
 
-def _relation_columns(relation: Relation | None, rows: int) -> dict[str, pa.Array]:
+def _relation_columns(
+    relation: Relation | None, rows: int, attnums: tuple[int, ...] = ()
+) -> dict[str, pa.Array]:
     """``schema`` … ``columns`` of `rows` rows of one relation (None: no relation)."""
     if relation is None:
         names = ("schema", "table", "relation_oid", "replica_identity", "columns")
         return {n: pa.nulls(rows, ENVELOPE_ARROW_SCHEMA.field(n).type) for n in names}
-    columns = [(c.name, c.type_oid, c.type_modifier, c.is_key) for c in relation.columns]
+    numbers = attnums or (0,) * len(relation.columns)
+    columns = [
+        (c.name, c.type_oid, c.type_modifier, c.is_key, n)
+        for c, n in zip(relation.columns, numbers, strict=True)
+    ]
     one = {
         "schema": pa.array([relation.schema], pa.string()),
         "table": pa.array([relation.relname], pa.string()),
@@ -241,7 +267,7 @@ class _GroupColumns:
             "ordinal": pa.array(np.frombuffer(buffers.ordinal, "<i8")),
             "op": pa.array(np.frombuffer(buffers.op, np.uint8).astype(np.int8)),
             "lsn": pa.array(np.frombuffer(buffers.lsn, "<i8")),
-            **_relation_columns(relation, rows),
+            **_relation_columns(relation, rows, group.attnums),
             **_images(relation, buffers),
         }
         names: tuple[str, ...] = ("truncate_cascade", "truncate_restart_identity")
@@ -251,7 +277,7 @@ class _GroupColumns:
 
     @classmethod
     def of_others(
-        cls, others: list[tuple[int, int, int | None, Relation | None, tuple[object, ...]]]
+        cls, others: list[tuple[int, int, int | None, _Described | None, tuple[object, ...]]]
     ) -> _GroupColumns:
         """Truncate and message rows: few; built from Python values."""
         rows = len(others)
@@ -272,7 +298,8 @@ class _GroupColumns:
                 fields = ("message_prefix", "message_content", "message_transactional")
             for name, value in zip(fields, extras, strict=True):
                 cells[name][i] = value
-            described.append(_relation_columns(relation, 1))
+            table, attnums = relation if relation is not None else (None, ())
+            described.append(_relation_columns(table, 1, attnums))
         columns: dict[str, pa.Array] = {
             "ordinal": pa.array([o[0] for o in others], pa.int64()),
             "op": pa.array([o[1] for o in others], pa.int8()),
@@ -387,3 +414,55 @@ def _merge(old: _Cells, new: _Cells) -> _Cells:
     )
     values = pa.concat_arrays([old.values, new.values]).take(pa.array(take.ravel()))
     return _Cells(np.ones(rows, bool), kinds.astype(np.uint8), values)
+
+
+def snapshot_reads(
+    relation: Relation,
+    attnums: tuple[int, ...],
+    strings: list[pa.Array],
+    point: int,
+    first_ordinal: int,
+) -> pa.RecordBatch:
+    """Rows of an initial copy as envelope rows of op ``read`` (as a Debezium snapshot's):
+    `strings` are the relation's columns as the server printed them (null: NULL), ``after``
+    holds them, ``key`` the key columns'. They sort before every change the stream brings
+    after the copy: at commit LSN `point` (the copy's consistent point) with ordinals
+    counting down from `first_ordinal` (negative)."""
+    rows = len(strings[0]) if strings else 0
+    ncols = len(relation.columns)
+    names = pa.array([c.name for c in relation.columns], pa.string())
+    is_key = np.array([c.is_key for c in relation.columns], bool)
+    if strings:  # row-major: row i's columns at i * ncols ...
+        flat = pa.concat_arrays([s.cast(pa.string()) for s in strings])
+        take = (np.arange(ncols)[None, :] * rows + np.arange(rows)[:, None]).ravel()
+        values = flat.take(pa.array(take))
+    else:
+        values = pa.array([], pa.string())
+
+    def text_map(mask: np.ndarray) -> pa.Array:
+        counts = np.full(rows, int(mask.sum()), np.int32)
+        offsets = np.zeros(rows + 1, np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        chosen = np.tile(mask, rows)
+        keys = names.take(pa.array(np.nonzero(chosen)[0] % max(ncols, 1)))
+        return pa.MapArray.from_arrays(pa.array(offsets), keys, values.filter(pa.array(chosen)))
+
+    commit_lsn = pa.array(np.full(rows, point, np.int64))
+    ordinals = pa.array(np.arange(first_ordinal, first_ordinal - rows, -1, dtype=np.int64))
+    described = _relation_columns(relation, rows, attnums)
+    columns: dict[str, pa.Array] = {
+        "commit_lsn": commit_lsn,
+        "ordinal": ordinals,
+        "sequence": pa.StructArray.from_arrays([commit_lsn, ordinals], fields=list(SEQUENCE_TYPE)),
+        "op": pa.array(np.full(rows, "read", object), pa.string()),
+        **described,
+        "key": text_map(is_key) if is_key.any() else None,
+        "after": text_map(np.ones(ncols, bool)),
+    }
+    return pa.RecordBatch.from_arrays(
+        [
+            columns[f.name] if columns.get(f.name) is not None else pa.nulls(rows, f.type)
+            for f in ENVELOPE_ARROW_SCHEMA
+        ],
+        schema=ENVELOPE_ARROW_SCHEMA,
+    )

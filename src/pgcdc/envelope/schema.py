@@ -8,10 +8,14 @@ Columns (every one nullable):
   order by ``lsn``, the change's own position: a transaction that began earlier and committed
   later has lower change LSNs.
 * ``xid`` int64, ``commit_ts`` timestamp[us, UTC], ``origin`` string.
-* ``op``: ``insert``, ``update``, ``delete``, ``truncate`` or ``message``.
+* ``op``: ``insert``, ``update``, ``delete``, ``truncate``, ``message``, or ``read``: a row of
+  the initial copy (in a change log, as a Debezium snapshot's ``r``), at the copy's consistent
+  point with a negative ordinal (before every change the stream brings after it).
 * ``schema``, ``table``, ``relation_oid``, ``replica_identity`` (``d``/``n``/``f``/``i``) and
-  ``columns`` (list of struct<name, type_oid, type_modifier, key>): the relation as the
-  Relation message described it when the change was made, all typing needs.
+  ``columns`` (list of struct<name, type_oid, type_modifier, key, attnum>): the relation as the
+  Relation message described it when the change was made, all typing needs, and each
+  column's identity (``attnum``: a Relation message names columns, and a name can move to
+  another column; 0 when not known).
 * ``key``, ``before``, ``after``: maps of the server's text output (null for SQL NULL); see
   `pgcdc.envelope.images` for what each holds.
 * ``unchanged_toast`` list<string>: columns absent from ``after`` because their TOASTed value
@@ -39,13 +43,15 @@ __all__ = [
     "envelope_field",
 ]
 
-#: One column of the relation: what typing a value needs.
+#: One column of the relation: what typing a value needs, and what the column is (its
+#: ``attnum`` in the table, or the partitioned table's for a partition's; 0 when unknown).
 COLUMN_TYPE = pa.struct(
     [
         ("name", pa.string()),
         ("type_oid", pa.int64()),
         ("type_modifier", pa.int32()),
         ("key", pa.bool_()),
+        ("attnum", pa.int32()),
     ]
 )
 #: (commit_lsn, ordinal): the total order of changes.

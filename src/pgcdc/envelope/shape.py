@@ -20,6 +20,14 @@ class ColumnInfo:
     type_oid: int
     type_modifier: int
     key: bool
+    #: What the column is: its attnum (the partitioned table's, for a partition's column);
+    #: 0 when not known (then its name is all there is).
+    attnum: int = 0
+
+    @property
+    def identity(self) -> int | str:
+        """The column's identity across renames: its attnum, else its name."""
+        return self.attnum or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +52,11 @@ class Shape:
         return self._hash
 
     @classmethod
-    def of(cls, relation: Relation) -> Shape:
+    def of(cls, relation: Relation, attnums: tuple[int, ...] = ()) -> Shape:
+        numbers = attnums or (0,) * len(relation.columns)
         columns = tuple(
-            ColumnInfo(c.name, c.type_oid, c.type_modifier, c.is_key) for c in relation.columns
+            ColumnInfo(c.name, c.type_oid, c.type_modifier, c.is_key, n)
+            for c, n in zip(relation.columns, numbers, strict=True)
         )
         return cls(
             relation.schema, relation.relname, relation.relid, relation.replica_identity, columns

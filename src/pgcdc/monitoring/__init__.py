@@ -8,6 +8,7 @@ endpoint is made.
 """
 
 from pgcdc.monitoring.batch_log import BatchLog, BatchRecord
+from pgcdc.monitoring.lag import LagReport, current_lag, read_lag, write_lag
 from pgcdc.monitoring.metrics import PipelineMetrics
 from pgcdc.monitoring.plot import plot_batches, throughput
 from pgcdc.monitoring.slot_status import (
@@ -20,6 +21,10 @@ from pgcdc.monitoring.slot_status import (
 from pgcdc.monitoring.units import format_bytes, format_seconds
 
 __all__ = [
+    "LagReport",
+    "current_lag",
+    "read_lag",
+    "write_lag",
     "BatchLog",
     "BatchRecord",
     "PipelineMetrics",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pgcdc.errors import MonitoringError
 from pgcdc.monitoring.batch_log import BatchRecord
+from pgcdc.monitoring.lag import LagReport
 from pgcdc.monitoring.slot_status import SlotStatus
 
 if TYPE_CHECKING:
@@ -48,11 +49,11 @@ class PipelineMetrics:
         self.bytes = counter("pgcdc_bytes", "Bytes of changes applied")
         self.batches = counter("pgcdc_batches", "Batches applied")
         self.lag_bytes = gauge(
-            "pgcdc_lag_bytes", "WAL the server has that the targets do not, after the last batch"
+            "pgcdc_lag_bytes", "WAL the server has that the targets do not (0: caught up)"
         )
         self.lag_seconds = gauge(
             "pgcdc_lag_seconds",
-            "The server clock minus the last applied commit time",
+            "Now minus the commit time of the oldest change not applied yet (0: caught up)",
         )
         self.batch_seconds = histogram("pgcdc_batch_seconds", "Seconds per batch")
         self.apply_seconds = histogram(
@@ -128,13 +129,15 @@ class PipelineMetrics:
         self.changes.inc(record.changes)
         self.bytes.inc(record.bytes)
         self.batch_seconds.observe(record.seconds)
-        if record.lag_bytes is not None:
-            self.lag_bytes.set(record.lag_bytes)
-        if record.lag_seconds is not None:
-            self.lag_seconds.set(record.lag_seconds)
         for target, applied in record.targets.items():
             self.target_rows.labels(target).inc(applied["rows"])
             self.apply_seconds.labels(target).observe(applied["seconds"])
+
+    def set_lag(self, report: LagReport) -> None:
+        """The pipeline's lag, measured now (`pgcdc.monitoring.lag`)."""
+        self.lag_seconds.set(report.seconds)
+        if report.bytes is not None:
+            self.lag_bytes.set(report.bytes)
 
     def record_slot(self, status: SlotStatus, warnings: Sequence[str] = ()) -> None:
         """The slot's figures, and whether `warnings` (of `wal_warnings`) holds any."""

@@ -325,6 +325,16 @@ class ReplicationConnection:
         assert slot_name is not None and point is not None
         return CreatedSlot(slot_name, Lsn.parse(point), snapshot_name, output_plugin or plugin)
 
+    def alter_slot(self, name: str, *, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT (PostgreSQL 17+): make the slot a failover slot or not."""
+        if self.major_version < 17:
+            raise UnsupportedOption(
+                f"failover slots need PostgreSQL 17 or later, server is {self.major_version}"
+            )
+        value = "true" if failover else "false"
+        command = f"ALTER_REPLICATION_SLOT {identifier(name)} (FAILOVER {value})"
+        self.execute(command, f"altering replication slot {name!r}")
+
     def drop_slot(self, name: str, *, wait: bool = False) -> None:
         command = f"DROP_REPLICATION_SLOT {identifier(name)}{' WAIT' if wait else ''}"
         self.execute(command, f"dropping replication slot {name!r}")

@@ -30,7 +30,7 @@ import functools
 import os
 import selectors
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -272,6 +272,7 @@ def read_copy(
     batch_rows: int = 200_000,
     table_name: str | None = None,
     timings: dict[str, float] | None = None,
+    on_texts: Callable[[list[pa.Array]], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run `query` (a ``COPY … TO STDOUT`` of `relation`'s columns in order, as `copy_query`
     makes, with no format) on `conn` and yield its rows as record batches of `copy_schema`, of
@@ -282,7 +283,9 @@ def read_copy(
     raises ValueError). Values are typed exactly as `ArrowBatchBuilder` types the same rows'
     text; errors name the table `table_name` ("schema.name", default the relation's).
     `timings`, when given, gets the seconds spent typing added under "type" (the rest of the
-    time taken to iterate is the COPY's: the server, the transfer, splitting the rows)."""
+    time taken to iterate is the COPY's: the server, the transfer, splitting the rows).
+    `on_texts`, when given, gets each piece's string columns before they are typed (a change
+    log's snapshot reads are made of them)."""
     if batch_rows < 1:
         raise ValueError("batch_rows must be at least 1")
     _check_session(conn)
@@ -297,6 +300,8 @@ def read_copy(
         return batch
 
     for rows, strings in copy_texts(conn, query, len(relation.columns), batch_rows=batch_rows):
+        if on_texts is not None:
+            on_texts(strings)
         yield typed(strings, rows)
 
 

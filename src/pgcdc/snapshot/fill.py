@@ -43,6 +43,8 @@ __all__ = ["SourceFills"]
 
 log = logging.getLogger(__name__)
 
+#: The column (by the partitioned table's attnum, or by name when that is not known) as the
+#: relation (a table, or the partition the change came from) has it now.
 _ATTRIBUTE = """
     SELECT a.atthasmissing, (a.attmissingval::text::text[])[1],
            a.atthasdef OR a.attidentity <> ''
@@ -50,7 +52,16 @@ _ATTRIBUTE = """
            COALESCE(pg_partition_root(a.attrelid), a.attrelid)::regclass::text,
            a.atttypid::int, a.atttypmod
     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attrelid = %s AND a.attname = %s AND NOT a.attisdropped AND a.attnum > 0"""
+    WHERE a.attrelid = %(relation)s AND NOT a.attisdropped AND a.attnum > 0
+      AND a.attname = CASE WHEN %(attnum)s = 0 THEN %(name)s ELSE (
+          SELECT r.attname FROM pg_attribute r
+          WHERE r.attrelid = COALESCE(pg_partition_root(%(relation)s), %(relation)s)
+            AND r.attnum = %(attnum)s AND NOT r.attisdropped) END"""
+#: The names of the partitioned table's (a table's own) columns now, by attnum.
+_NAMES = """
+    SELECT attnum::int, attname::text FROM pg_attribute
+    WHERE attrelid = COALESCE(pg_partition_root(%s), %s) AND attnum = ANY(%s)
+      AND NOT attisdropped"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +75,9 @@ class SourceFills:
             return session.run(lambda conn: self._fill(conn, shape, column, appended))
 
     def _fill(self, conn: Any, shape: Shape, column: str, appended: bool) -> ColumnFill:
-        row = conn.execute(_ATTRIBUTE, (shape.relation_oid, column)).fetchone()
+        column_info = next(c for c in shape.columns if c.name == column)
+        parameters = {"relation": shape.relation_oid, "attnum": column_info.attnum, "name": column}
+        row = conn.execute(_ATTRIBUTE, parameters).fetchone()
         if row is None:
             log.warning(
                 "%s.%s: the column is gone from the catalog (dropped or renamed since it "
@@ -75,13 +88,16 @@ class SourceFills:
             return ColumnFill()
         # has_default: the column's own, an identity's or its type's (a domain's)
         has_missing, missing, has_default, table, type_oid, type_modifier = row
-        column_info = next(c for c in shape.columns if c.name == column)
         now = (type_oid, type_modifier)
         later = None if now == (column_info.type_oid, column_info.type_modifier) else now
         if appended and has_missing:
             return ColumnFill(text=missing, later_type=later)
         source = sql.SQL(table)  # regclass::text: quoted as needed
-        if appended and not has_default and not _any_value(conn, source, column):
+        if (
+            appended
+            and not has_default
+            and not _any_value(conn, source, _names_now(conn, shape, [column])[0])
+        ):
             return ColumnFill()
         if later is not None and (not shape.key_names or shape.full_identity):
             return ColumnFill()  # the type change stops the table: nothing to read by
@@ -95,7 +111,7 @@ class SourceFills:
                 f"{shape.name}.{column}: {why}, so each older row has its own value, "
                 "which a table without a key cannot be matched by; recopy the table"
             )
-        names = [*shape.key_names, column]
+        names = _names_now(conn, shape, [*shape.key_names, column])
         query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
             sql.SQL(", ").join(sql.Identifier(n) for n in names), source
         )
@@ -108,6 +124,16 @@ class SourceFills:
             rows=pa.table(dict(zip([*shape.key_names, FILL_VALUE], columns, strict=True))),
             later_type=later,
         )
+
+
+def _names_now(conn: Any, shape: Shape, columns: list[str]) -> list[str]:
+    """The names `shape`'s columns have in the source now (renamed since: a key column's
+    values are read under its name of now)."""
+    info = {c.name: c for c in shape.columns}
+    attnums = [info[n].attnum for n in columns if info[n].attnum]
+    oid = shape.relation_oid
+    now = dict(conn.execute(_NAMES, (oid, oid, attnums)).fetchall()) if attnums else {}
+    return [now.get(info[n].attnum, n) if info[n].attnum else n for n in columns]
 
 
 def _any_value(conn: Any, table: sql.Composable, column: str) -> bool:

@@ -1,4 +1,5 @@
-"""Which source relations feed which configured table: tables are followed by OID, not name.
+"""Which source relations feed which configured table: tables are followed by OID, not name,
+and the pipeline watches what the stream cannot show it.
 
 A pipeline names its tables in the configuration (``"public.orders" = "mirror"``); the stream
 names them by what each Relation message says, which changes with ``ALTER TABLE … RENAME``
@@ -6,16 +7,24 @@ while the relation's OID stays. So on its first run a pipeline records, per conf
 the OID the name resolved to (``<state>/tables.json``), and from then on routes every change by
 its ``relation_oid``: a renamed table keeps streaming into the same targets. A partitioned
 table binds its partitions too (their changes arrive under their own OIDs unless the
-publication publishes via the root); a partition attached later is bound when its first
-change arrives, with a warning: ``ATTACH PARTITION`` brings the rows the partition holds into
-the table without a change the stream could carry (and ``DETACH`` takes them away likewise).
+publication publishes via the root).
 
-Checked before anything else runs, each with one line naming the table:
+Some things change a table's rows, or which of its changes come, without any change the
+stream carries. `inspect_tables` looks for them at start and, while the pipeline runs,
+every few seconds (`TableEvent`, each with one line):
 
-* the table exists (or its recorded OID does);
-* it was not dropped and created again under the same name (a new OID: its targets describe
-  another table);
-* the publication publishes it (otherwise it would silently never receive a change).
+* the table is gone, or was dropped and created again under its name (a new OID: its targets
+  describe another table) — the pipeline stops;
+* it left the publication (``ALTER PUBLICATION … DROP TABLE``) — its changes no longer come:
+  the pipeline stops (or quarantines it);
+* it left the publication and came back, or its entry was replaced (``SET TABLE``): the
+  changes in between never came. The publication's catalog rows for the table are recorded
+  (their OIDs): another row is another membership, and the table is resynchronized (copied
+  under a new snapshot, its targets reconciled with the copy: only what differs changes);
+* a partition was attached (its rows came with no change) or detached (its rows left with no
+  change): resynchronized too (a detached partition's rows stay with ``on_detach = "keep"``);
+* a publication stopped publishing inserts, updates, deletes or truncates: the targets could
+  not stay equal to their tables — the pipeline stops.
 """
 
 from __future__ import annotations
@@ -25,12 +34,20 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pgcdc.errors import PgcdcError, PublicationNotFound
 from pgcdc.replication.slots import connect_sql
 
-__all__ = ["BindingError", "TableBindings", "bind_partition", "bind_tables", "partial_truncates"]
+__all__ = [
+    "BindingError",
+    "TableBindings",
+    "TableEvent",
+    "bind_partition",
+    "bind_tables",
+    "inspect_tables",
+    "partial_truncates",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +68,34 @@ class TableBindings:
     current_names: dict[str, str] = field(default_factory=dict)
     #: configured name -> the OIDs of its leaf partitions (a partitioned table's only).
     leaves: dict[str, set[int]] = field(default_factory=dict)
+    #: configured name -> the publications' catalog rows that publish it (their OIDs).
+    membership: dict[str, list[str]] = field(default_factory=dict)
 
     def table_of(self, relation_oid: int) -> str | None:
         return self.routes.get(relation_oid)
 
     def oids_of(self, table: str) -> list[int]:
         return [oid for oid, name in self.routes.items() if name == table]
+
+
+EventKind = Literal["gone", "recreated", "unpublished", "rejoined", "partitions", "publish"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableEvent:
+    """Something the stream cannot show happened to a table (see the module docstring)."""
+
+    table: str
+    kind: EventKind
+    line: str
+    #: For "partitions": the leaves attached and detached.
+    attached: frozenset[int] = frozenset()
+    detached: frozenset[int] = frozenset()
+
+    @property
+    def resync(self) -> bool:
+        """Whether the table's targets are mended by a resynchronization."""
+        return self.kind in ("rejoined", "partitions")
 
 
 _RESOLVE = "SELECT to_regclass(%s)::oid"
@@ -73,6 +112,31 @@ _PUBLISHED = """
     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
     WHERE pt.pubname = ANY(%s)"""
 _ROOT = "SELECT pg_partition_root(%s::oid)::oid"
+_PUBLISH_FLAGS = """
+    SELECT pubname, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication
+    WHERE pubname = ANY(%s)"""
+#: The catalog rows that publish a table: FOR TABLE rows (of it, its partitions or its
+#: ancestors), FOR TABLES IN SCHEMA rows (15+) of its schema, FOR ALL TABLES publications.
+_MEMBERSHIP = """
+    SELECT ARRAY(
+        SELECT 'table ' || pr.oid FROM pg_publication_rel pr
+        JOIN pg_publication p ON p.oid = pr.prpubid
+        WHERE p.pubname = ANY(%(pubs)s)
+          AND (pr.prrelid = %(oid)s
+               OR pr.prrelid IN (SELECT relid FROM pg_partition_tree(%(oid)s))
+               OR pr.prrelid IN (SELECT relid FROM pg_partition_ancestors(%(oid)s)))
+      UNION ALL
+        SELECT 'all ' || p.oid FROM pg_publication p
+        WHERE p.pubname = ANY(%(pubs)s) AND p.puballtables
+      {schema}
+      ORDER BY 1)"""
+_SCHEMA_MEMBERSHIP = """
+      UNION ALL
+        SELECT 'schema ' || pn.oid FROM pg_publication_namespace pn
+        JOIN pg_publication p ON p.oid = pn.pnpubid
+        JOIN pg_class c ON c.relnamespace = pn.pnnspid
+        WHERE p.pubname = ANY(%(pubs)s) AND c.oid = %(oid)s"""
+_FLAGS = ("inserts", "updates", "deletes", "truncates")
 
 
 def _quoted(table: str) -> str:
@@ -80,106 +144,189 @@ def _quoted(table: str) -> str:
     return '"{}"."{}"'.format((schema or "public").replace('"', '""'), name.replace('"', '""'))
 
 
-def _load(path: Path) -> tuple[dict[str, int], dict[str, set[int]]]:
-    """The recorded OIDs of the tables, and of the leaf partitions of partitioned ones."""
+@dataclass(slots=True)
+class _Recorded:
+    oids: dict[str, int] = field(default_factory=dict)
+    leaves: dict[str, set[int]] = field(default_factory=dict)
+    membership: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _load(path: Path) -> _Recorded:
+    """The recorded OIDs of the tables, of the leaf partitions of partitioned ones, and the
+    publications' catalog rows that publish each."""
     if not path.exists():
-        return {}, {}
+        return _Recorded()
     try:
         data = json.loads(path.read_text())
-        oids = {str(k): int(v) for k, v in data["oids"].items()}
-        leaves = {str(k): {int(o) for o in v} for k, v in data.get("leaves", {}).items()}
+        return _Recorded(
+            {str(k): int(v) for k, v in data["oids"].items()},
+            {str(k): {int(o) for o in v} for k, v in data.get("leaves", {}).items()},
+            {str(k): [str(m) for m in v] for k, v in data.get("membership", {}).items()},
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BindingError(f"{path}: unreadable table bindings ({exc})") from None
-    return oids, leaves
 
 
-def _save(path: Path, oids: dict[str, int], leaves: dict[str, set[int]]) -> None:
+def _save(path: Path, bindings: TableBindings, recorded: _Recorded) -> None:
+    def document(oids: Any, leaves: Any, membership: Any) -> str:
+        leaves = {t: sorted(o) for t, o in leaves.items()}
+        data = {"oids": oids, "leaves": leaves, "membership": membership}
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    before = document(recorded.oids, recorded.leaves, recorded.membership)
+    after = document(
+        {**recorded.oids, **bindings.oids},
+        {**recorded.leaves, **bindings.leaves},
+        {**recorded.membership, **bindings.membership},
+    )
+    if after == before and path.exists():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    recorded = {"oids": oids, "leaves": {t: sorted(o) for t, o in leaves.items()}}
-    tmp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+    tmp.write_text(after)
     tmp.replace(path)
 
 
-def _warn_partitions(table: str, attached: set[int], detached: set[int]) -> None:
-    """ATTACH and DETACH PARTITION move rows into and out of a table without a change the
-    stream could carry: the targets cannot know them."""
-    if attached:
-        log.warning(
-            "%s: partition(s) attached since the pipeline last ran (OID %s) stream into it; "
-            "rows one held before it was attached came with no change: if it had any, "
-            "`pgcdc recopy` the table",
-            table,
-            ", ".join(map(str, sorted(attached))),
+def _check_publications(conn: Any, pubs: list[str]) -> list[str]:
+    """Lines for the publications that do not exist or leave out a kind of change."""
+    rows = {r[0]: r[1:] for r in conn.execute(_PUBLISH_FLAGS, (pubs,)).fetchall()}
+    for pub in pubs:
+        if pub not in rows:
+            raise PublicationNotFound(f'publication "{pub}" does not exist')
+    lines = []
+    for pub, flags in rows.items():
+        missing = [kind for kind, on in zip(_FLAGS, flags, strict=True) if not on]
+        if missing:
+            lines.append(
+                f"publication {pub} does not publish {' or '.join(missing)}: the targets "
+                "could not stay equal to their tables (ALTER PUBLICATION "
+                f"{pub} SET (publish = 'insert, update, delete, truncate'))"
+            )
+    return lines
+
+
+def inspect_tables(
+    conninfo: str,
+    publications: Iterable[str],
+    tables: Iterable[str],
+    state_file: Path,
+    bindings: TableBindings | None = None,
+) -> tuple[TableBindings, list[TableEvent]]:
+    """Resolve (first run) or check again every configured table against what was recorded
+    (``state_file``) or bound (`bindings`, while running): its OID, its partitions, its
+    membership in the publications. The bindings of now (recorded) and what happened
+    since (events; a table that cannot be bound at all raises `BindingError`)."""
+    recorded = _load(state_file)
+    if bindings is not None:  # while running: against what this run saw last
+        recorded = _Recorded(
+            {**recorded.oids, **bindings.oids},
+            {**recorded.leaves, **bindings.leaves},
+            {**recorded.membership, **bindings.membership},
         )
-    if detached:
-        log.warning(
-            "%s: partition(s) detached since the pipeline last ran (OID %s): their rows "
-            "left the table with no change, and its targets still hold them: "
-            "`pgcdc recopy` the table",
+    pubs = [p.strip() for p in publications if p.strip()]
+    now = TableBindings({})
+    events: list[TableEvent] = []
+    with connect_sql(conninfo) as conn:
+        for line in _check_publications(conn, pubs):
+            events.append(TableEvent("", "publish", line))
+        published = {r[0] for r in conn.execute(_PUBLISHED, (pubs,))}
+        schemas = _SCHEMA_MEMBERSHIP if conn.info.server_version >= 150000 else ""
+        membership_sql = _MEMBERSHIP.format(schema=schemas)
+        for table in tables:
+            event = _inspect(conn, table, pubs, published, membership_sql, recorded, now)
+            if event is not None:
+                events.append(event)
+    _save(state_file, now, recorded)
+    return now, events
+
+
+def _inspect(
+    conn: Any,
+    table: str,
+    pubs: list[str],
+    published: set[int],
+    membership_sql: str,
+    recorded: _Recorded,
+    now: TableBindings,
+) -> TableEvent | None:
+    resolved = conn.execute(_RESOLVE, (_quoted(table),)).fetchone()
+    oid_now = resolved[0] if resolved is not None else None
+    oid = recorded.oids.get(table)
+    if oid is None:
+        if oid_now is None:
+            raise BindingError(f"table {table} does not exist in the source database")
+        oid = oid_now
+    described = conn.execute(_DESCRIBE, (oid,)).fetchone()
+    if described is None:
+        if oid_now is not None:
+            return TableEvent(
+                table,
+                "recreated",
+                f"table {table} was dropped and created again (OID {oid}, now {oid_now}): "
+                "its targets hold the old table; move them away (or delete them) and remove "
+                f"{table} from the pipeline's tables.json to copy the new one",
+            )
+        return TableEvent(
             table,
-            ", ".join(map(str, sorted(detached))),
+            "gone",
+            f"table {table} (OID {oid}) no longer exists in the source: its targets keep "
+            "its last rows",
         )
+    current, partitions, leaves = described
+    if current != table and recorded.oids.get(table) == oid and table not in now.current_names:
+        log.debug("%s is now %s (renamed): its changes keep going to its targets", table, current)
+    now.oids[table] = oid
+    now.current_names[table] = current
+    for member in (oid, *partitions):
+        now.routes[member] = table
+    if partitions:
+        now.leaves[table] = set(leaves)
+    membership = conn.execute(membership_sql, {"pubs": pubs, "oid": oid}).fetchone()[0]
+    now.membership[table] = list(membership)
+    if oid not in published and not (leaves and set(leaves) <= published):
+        return TableEvent(
+            table,
+            "unpublished",
+            f"table {current} is not in publication {', '.join(pubs)}: its changes do not "
+            f"come (ALTER PUBLICATION {pubs[0]} ADD TABLE {current}: it is then copied anew "
+            "and its targets reconciled; or remove it from [tables])",
+        )
+    before = recorded.membership.get(table)
+    if before is not None and before != now.membership[table]:
+        return TableEvent(
+            table,
+            "rejoined",
+            f"{table} left publication {', '.join(pubs)} and came back (or its entry there "
+            "was replaced): the changes in between never came; it is copied anew and its "
+            "targets reconciled with the copy",
+        )
+    old_leaves = recorded.leaves.get(table)
+    if old_leaves is not None and partitions and old_leaves != set(leaves):
+        attached, detached = set(leaves) - old_leaves, old_leaves - set(leaves)
+        what = "; ".join(
+            f"{verb} (OID {', '.join(map(str, sorted(oids)))})"
+            for verb, oids in (("attached", attached), ("detached", detached))
+            if oids
+        )
+        return TableEvent(
+            table,
+            "partitions",
+            f"{table}: partitions {what}: their rows moved with no change the stream carries",
+            frozenset(attached),
+            frozenset(detached),
+        )
+    return None
 
 
 def bind_tables(
     conninfo: str, publications: Iterable[str], tables: Iterable[str], state_file: Path
 ) -> TableBindings:
-    """Resolve (first run) or re-check (later runs) every configured table, record the OIDs,
-    and check that the publications publish each one (or all of its partitions)."""
-    recorded, recorded_leaves = _load(state_file)
-    pubs = [p.strip() for p in publications if p.strip()]
-    bindings = TableBindings({})
-    with connect_sql(conninfo) as conn:
-        for pub in pubs:
-            row = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,))
-            if row.fetchone() is None:
-                raise PublicationNotFound(f'publication "{pub}" does not exist')
-        published = {r[0] for r in conn.execute(_PUBLISHED, (pubs,))}
-        for table in tables:
-            resolved = conn.execute(_RESOLVE, (_quoted(table),)).fetchone()
-            now = resolved[0] if resolved is not None else None
-            oid = recorded.get(table)
-            if oid is None:
-                if now is None:
-                    raise BindingError(f"table {table} does not exist in the source database")
-                oid = now
-            described = conn.execute(_DESCRIBE, (oid,)).fetchone()
-            if described is None:
-                if now is not None:
-                    raise BindingError(
-                        f"table {table} was dropped and created again (OID {oid}, now {now}): "
-                        "its targets hold the old table; move them away (or delete them) and "
-                        f"remove {table} from {state_file} to copy the new one"
-                    )
-                raise BindingError(f"table {table} (OID {oid}) no longer exists in the source")
-            current, partitions, leaves = described
-            if current != table:
-                log.info(
-                    "%s is now %s (renamed): its changes keep going to %s's targets",
-                    table,
-                    current,
-                    table,
-                )
-            if oid not in published and not (leaves and set(leaves) <= published):
-                raise BindingError(
-                    f"table {current} is not in publication {', '.join(pubs)}: it would never "
-                    f"receive a change (ALTER PUBLICATION {pubs[0]} ADD TABLE {current}, "
-                    "or remove it from [tables])"
-                )
-            bindings.oids[table] = oid
-            bindings.current_names[table] = current
-            if partitions:
-                bindings.leaves[table] = set(leaves)
-            if table in recorded_leaves:
-                before = recorded_leaves[table]
-                _warn_partitions(table, set(leaves) - before, before - set(leaves))
-            for member in (oid, *partitions):
-                bindings.routes[member] = table
-    if bindings.oids != recorded or any(
-        recorded_leaves.get(t) != o for t, o in bindings.leaves.items()
-    ):
-        _save(state_file, {**recorded, **bindings.oids}, {**recorded_leaves, **bindings.leaves})
+    """The bindings at start; raises `BindingError` with the line of the first event that
+    stops a pipeline (see `inspect_tables` for the others)."""
+    bindings, events = inspect_tables(conninfo, publications, tables, state_file)
+    for event in events:
+        if not event.resync:
+            raise BindingError(event.line)
     return bindings
 
 
@@ -193,7 +340,6 @@ def bind_partition(conninfo: str, bindings: TableBindings, relation_oid: int) ->
     if table is not None:
         bindings.routes[relation_oid] = table
         bindings.leaves.setdefault(table, set()).add(relation_oid)
-        _warn_partitions(table, {relation_oid}, set())
     return table
 
 

@@ -18,6 +18,7 @@ status_interval = 10               # seconds between status updates to the serve
 [snapshot]
 enabled = true                     # copy the tables first (first run, added tables)
 chunk_blocks = 16384               # blocks (8 kB) per parallel copy task
+changelog_reads = true             # a change log starts with the copied rows (op "read")
 
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
@@ -38,6 +39,7 @@ port = 9187                        # Prometheus metrics at http://127.0.0.1:9187
 "public.customers" = ["mirror", "history"]
 "public.orders" = "mirror"
 "public.events" = { modes = ["mirror"], on_error = "quarantine" }
+"public.metrics" = { modes = ["history"], on_detach = "keep" }  # a partitioned table
 ```
 
 Paths are relative to the configuration file's directory. The pipeline keeps its state in
@@ -75,6 +77,7 @@ __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
 
 MODES = ("mirror", "history", "changelog")
 ON_ERROR = ("stop", "quarantine")
+ON_DETACH = ("remove", "keep")
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
 _SUFFIX = {"mirror": "", "history": "__history", "changelog": "__changelog"}
 
@@ -106,6 +109,9 @@ class PipelineConfig:
     create_slot: bool = False
     snapshot: bool = True
     chunk_blocks: int = DEFAULT_CHUNK_BLOCKS
+    #: A change log starts with the copied rows as snapshot reads (op "read"); false: a
+    #: table whose targets are all change logs is not copied.
+    changelog_reads: bool = True
     streaming: str | None = None
     available_now: bool = False
     interval_seconds: float = 0.5
@@ -114,6 +120,9 @@ class PipelineConfig:
     status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
     on_error: dict[str, str] = field(default_factory=dict)
+    #: Per partitioned table: what a detached partition's rows do in its targets, "remove"
+    #: (the default: they leave, as in the table) or "keep" (retention by detaching).
+    on_detach: dict[str, str] = field(default_factory=dict)
     #: Warn when the slot retains more WAL than this many bytes (None: never).
     max_retained_wal: int | None = 1024**3
     #: When the slot is gone or invalidated while the targets hold data: copy the tables
@@ -188,7 +197,7 @@ KEYS = {
         "failover",
         "status_interval",
     ),
-    "snapshot": ("enabled", "chunk_blocks"),
+    "snapshot": ("enabled", "chunk_blocks", "changelog_reads"),
     "target": ("path", "on_error", "state", "storage_options"),
     "trigger": ("available_now", "interval", "max_changes_per_batch"),
     "metrics": ("port", "host"),
@@ -250,17 +259,24 @@ def _on_error(value: Any, where: str) -> str:
     return str(value)
 
 
-def _table(name: str, value: Any, default_on_error: str) -> tuple[tuple[str, ...], str]:
-    """A [tables] entry: a mode, a list of modes, or {modes = [...], on_error = "..."}."""
+def _table(name: str, value: Any, default_on_error: str) -> tuple[tuple[str, ...], str, str]:
+    """A [tables] entry: a mode, a list of modes, or {modes = [...], on_error = "...",
+    on_detach = "..."}: its modes, on_error and on_detach."""
     if not isinstance(value, dict):
-        return _modes(name, value), default_on_error
-    unknown = sorted(set(value) - {"modes", "on_error"})
+        return _modes(name, value), default_on_error, "remove"
+    unknown = sorted(set(value) - {"modes", "on_error", "on_detach"})
     if unknown:
-        raise ConfigError(f"tables.{name!r}: unknown key {unknown[0]!r} (modes, on_error)")
+        raise ConfigError(
+            f"tables.{name!r}: unknown key {unknown[0]!r} (modes, on_error, on_detach)"
+        )
     where = f"tables.{name!r}.on_error"
-    return _modes(name, value.get("modes")), _on_error(
-        value.get("on_error", default_on_error), where
-    )
+    on_detach = value.get("on_detach", "remove")
+    if on_detach not in ON_DETACH:
+        raise ConfigError(
+            f"tables.{name!r}.on_detach must be one of {', '.join(ON_DETACH)} (got {on_detach!r})"
+        )
+    on_error = _on_error(value.get("on_error", default_on_error), where)
+    return _modes(name, value.get("modes")), on_error, str(on_detach)
 
 
 def parse_size(value: Any, where: str) -> int:
@@ -367,9 +383,11 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     default_on_error = _on_error(target.get("on_error", "stop"), "target.on_error")
     parsed_tables = {}
     on_error = {}
+    on_detach = {}
     for name, value in tables.items():
         qualified = name if "." in name else f"public.{name}"
-        parsed_tables[qualified], on_error[qualified] = _table(name, value, default_on_error)
+        modes, on_error[qualified], on_detach[qualified] = _table(name, value, default_on_error)
+        parsed_tables[qualified] = modes
     max_wal = source.get("max_retained_wal", 1024**3)
     given_path = _required(target, "path", "target")
     target_path = given_path if "://" in given_path else str(base / given_path)
@@ -401,6 +419,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         recover_lost_slot=_flag(source, "recover_lost_slot", "source", False),
         failover=_flag(source, "failover", "source", False),
         snapshot=_flag(snapshot, "enabled", "snapshot", True),
+        changelog_reads=_flag(snapshot, "changelog_reads", "snapshot", True),
         chunk_blocks=_positive(
             snapshot.get("chunk_blocks", DEFAULT_CHUNK_BLOCKS), "snapshot.chunk_blocks"
         ),
@@ -410,6 +429,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         max_changes_per_batch=max_changes,
         status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,
+        on_detach=on_detach,
         max_retained_wal=None
         if max_wal is False
         else parse_size(max_wal, "source.max_retained_wal"),

@@ -35,15 +35,17 @@ from typing import Any
 import pyarrow as pa
 from psycopg import sql
 
-from pgcdc.errors import PgcdcError, SlotNotFound
+from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, Shape, snapshot_reads
+from pgcdc.errors import PgcdcError, SlotNotFound, ValueOutOfRange
+from pgcdc.pipeline.lineage import SlotLineage
 from pgcdc.protocol import Lsn, Relation
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.slots import connect_sql, drop_slot
 from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
+from pgcdc.snapshot.relation import catalog_relation
 from pgcdc.spark.session import error_line
-from pgcdc.spark.typed import catalog_relation
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.targets.base import copy_watermark
 from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
@@ -102,6 +104,8 @@ class _Task:
     point: int
     #: The chunk's place in its table's plan (distinct versions' ordinals).
     position: int
+    #: What the relation's columns are (attnums), for a change log's snapshot reads.
+    attnums: tuple[int, ...] = ()
 
 
 def _session(conninfo: str, snapshot: str) -> Any:
@@ -111,34 +115,58 @@ def _session(conninfo: str, snapshot: str) -> Any:
     return conn
 
 
-def _rows(task: _Task, timings: dict[str, float]) -> pa.Table:
+def _rows(task: _Task, timings: dict[str, float]) -> tuple[pa.Table, pa.Table | None]:
+    """The chunk's rows typed, and as snapshot reads when a target is a change log."""
     relation = task.relation
     registry = task.types.registry()
+    reads: list[pa.RecordBatch] = []
+    wanted = any(spec.mode == "changelog" for spec in task.targets)
+    first = -(task.position << 32) - 1
+
+    def read_rows(strings: list[pa.Array]) -> None:
+        ordinal = first - sum(b.num_rows for b in reads)
+        reads.append(snapshot_reads(relation, task.attnums, strings, task.point, ordinal))
+
     conn = _session(task.conninfo, task.snapshot)
     try:
         chunk = task.chunk
         query = copy_query(
             relation, chunk.leaf, first_block=chunk.first_block, end_block=chunk.end_block
         )
-        batches = list(
-            read_copy(conn, query, relation, registry, table_name=chunk.table, timings=timings)
-        )
+        try:
+            batches = list(
+                read_copy(
+                    conn,
+                    query,
+                    relation,
+                    registry,
+                    table_name=chunk.table,
+                    timings=timings,
+                    on_texts=read_rows if wanted else None,
+                )
+            )
+        except ValueOutOfRange as exc:
+            where = f"in the initial copy at {Lsn(task.point)}, chunk {chunk.id}"
+            raise exc.located(where=where) from None
     finally:
         conn.close()
-    return pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
+    typed = pa.Table.from_batches(batches, schema=copy_schema(relation, registry))
+    return typed, pa.Table.from_batches(reads, ENVELOPE_ARROW_SCHEMA) if wanted else None
 
 
 def copy_chunk(task: _Task) -> dict[str, float]:
     """Runs on an executor: reads the chunk under the snapshot and writes it to every target
-    (`Target.write_chunk`: one commit each, naming the chunk). Returns the seconds spent
-    (`TableProgress.phases`)."""
+    (`Target.write_chunk`: one commit each, naming the chunk; a change log gets the rows as
+    snapshot reads). Returns the seconds spent (`TableProgress.phases`)."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    rows = _rows(task, timings)
+    rows, reads = _rows(task, timings)
     read = time.perf_counter()
     for spec in task.targets:
         target = open_target(spec, app_id=task.app_id)
-        target.write_chunk(rows, task.chunk.id, task.point, task.position)
+        chunk = reads if spec.mode == "changelog" else rows
+        assert chunk is not None
+        target.write_chunk(chunk, task.chunk.id, task.point, task.position)
     timings["read"] = read - started - timings.get("type", 0.0)
     timings["write"] = time.perf_counter() - read
     return timings
@@ -160,8 +188,15 @@ class InitialCopy:
         source_names: dict[str, str] | None = None,
         failover: bool = False,
         publications: Sequence[str] = (),
+        lineage: SlotLineage | None = None,
+        changelog_reads: bool = True,
     ) -> None:
         self.spark = spark
+        #: Where the slot this copy creates is recorded as the pipeline's.
+        self.lineage = lineage
+        #: A change log starts with the copied rows as snapshot reads (op "read"); else a
+        #: table with only change logs is not copied.
+        self.changelog_reads = changelog_reads
         self.conninfo = conninfo
         self.slot = slot
         self.targets = targets
@@ -195,8 +230,14 @@ class InitialCopy:
     def status(self) -> str | None:
         """None (no copy was ever started), "creating" (the slot is being created: a slot of
         that name is this pipeline's), "copying" or "done"."""
-        state = self._state()
-        return None if state is None else str(state["status"])
+        return self.status_of(self.state_path)
+
+    @staticmethod
+    def status_of(state_path: Path) -> str | None:
+        """`status` of the copy whose state is at `state_path`."""
+        if not state_path.exists():
+            return None
+        return str(json.loads(state_path.read_text())["status"])
 
     # -- running ---------------------------------------------------------------------------
 
@@ -225,9 +266,12 @@ class InitialCopy:
 
     def _copy_fresh(self, resync: bool) -> Lsn:
         with ReplicationConnection.connect(self.conninfo) as rconn:
+            identity = rconn.identify_system()
             created = rconn.create_slot(self.slot, snapshot="export", failover=self.failover)
             assert created.snapshot_name is not None
             point = created.consistent_point
+            if self.lineage is not None:
+                self.lineage.created(self.slot, identity.systemid, identity.timeline, point)
             sources = [self._source(t) for t in self.targets]
             with SnapshotGuard(self.conninfo, created.snapshot_name, sources) as guard:
                 plans = {
@@ -273,13 +317,7 @@ class InitialCopy:
         point = Lsn.parse(state["point"])
         for table in copied:
             if state.get("resync"):
-                rows = self._staging(table).to_arrow()
-                relation, _ = catalog_relation(
-                    self.conninfo, self._source(table), self.publications
-                )
-                keys = [c.name for c in relation.columns if c.is_key]
-                for target in self.targets[table]:
-                    target.reconcile(rows, int(point), keys)
+                self._reconcile(table, point)
             else:
                 for target in self.targets[table]:
                     target.mark(copy_watermark(point))
@@ -287,20 +325,26 @@ class InitialCopy:
         state["status"] = "done"
         self._save(state)
 
-    def copy_online(self, tables: list[str]) -> tuple[Lsn, set[str]]:
+    def copy_online(
+        self, tables: list[str], *, resync: bool = False, keep: frozenset[str] = frozenset()
+    ) -> tuple[Lsn, set[str]]:
         """Copy `tables` while the stream goes on: under a new exported snapshot (a temporary
         slot's, taken again if a table is rewritten before the copy's locks), into emptied
-        targets, each marked with that snapshot's point. Returns the point and the tables
-        that succeeded."""
+        targets, each marked with that snapshot's point; with `resync`, into staging tables
+        each target is then reconciled with (only what differs changes: a history keeps its
+        versions; the tables in `keep` keep the rows the copy does not have). Returns the
+        point and the tables that succeeded."""
         for attempt in range(_ATTEMPTS):
             try:
-                return self._copy_online(tables)
+                return self._copy_online(tables, resync, keep)
             except TablesRewritten as exc:
                 if attempt + 1 == _ATTEMPTS:
                     raise SnapshotError(f"the copy of {', '.join(tables)}: {exc}") from None
         raise AssertionError("unreachable")
 
-    def _copy_online(self, tables: list[str]) -> tuple[Lsn, set[str]]:
+    def _copy_online(
+        self, tables: list[str], resync: bool, keep: frozenset[str]
+    ) -> tuple[Lsn, set[str]]:
         temporary = f"pgcdc_copy_{uuid.uuid4().hex[:12]}"
         with ReplicationConnection.connect(self.conninfo) as rconn:
             created = rconn.create_slot(temporary, temporary=True, snapshot="export")
@@ -312,11 +356,30 @@ class InitialCopy:
                     t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
                     for t in tables
                 }
-                copied = self._copy(plans, created.snapshot_name, point)
+                copied = self._copy(plans, created.snapshot_name, point, staging=resync)
         for table in copied:
-            for target in self.targets[table]:
-                target.mark(copy_watermark(point))
+            if resync:
+                self._reconcile(table, point, keep_missing=table in keep)
+                shutil.rmtree(self._staging_dir / table, ignore_errors=True)
+            else:
+                for target in self.targets[table]:
+                    target.mark(copy_watermark(point))
         return point, copied
+
+    def _reconcile(self, table: str, point: Lsn, *, keep_missing: bool = False) -> None:
+        """Each target of `table` made equal to its staged copy at `point`."""
+        rows = self._staging(table).to_arrow()
+        source = catalog_relation(self.conninfo, self._source(table), self.publications)
+        keys = [c.name for c in source.relation.columns if c.is_key]
+        columns = Shape.of(source.relation, source.attnums).columns
+        if any(t.mode == "changelog" for t in self.targets[table]):
+            log.warning(
+                "%s: its change log gets no changes for what happened while they could not "
+                "be streamed (the copy says how the table is, not how it changed)",
+                table,
+            )
+        for target in self.targets[table]:
+            target.reconcile(rows, int(point), keys, keep_missing=keep_missing, columns=columns)
 
     def _source(self, table: str) -> str:
         """The table's current name in the source (it may have been renamed)."""
@@ -337,20 +400,31 @@ class InitialCopy:
             progress = TableProgress(table, len(chunks), estimated, int(point))
             self.progress[table] = progress
             try:
-                relation, types = catalog_relation(
-                    self.conninfo, self._source(table), self.publications
-                )
+                source = catalog_relation(self.conninfo, self._source(table), self.publications)
+                relation, types = source.relation, source.types
                 registry = types.registry()
                 for target in targets:
-                    target.reset(relation, registry)
+                    target.reset(relation, registry, source.attnums)
             except PgcdcError as exc:
                 progress.error = str(exc)
                 continue
-            copied = tuple(t.spec for t in targets if t.mode != "changelog")
+            copied = tuple(t.spec for t in targets if t.mode != "changelog" or self.changelog_reads)
             app_id = targets[0].app_id
             jobs[table] = [
-                _Task(self.conninfo, snapshot, c, relation, types, copied, app_id, int(point), i)
+                _Task(
+                    self.conninfo,
+                    snapshot,
+                    c,
+                    relation,
+                    types,
+                    copied,
+                    app_id,
+                    int(point),
+                    i,
+                    source.attnums,
+                )
                 for i, c in enumerate(chunks)
+                if copied
             ]
 
         def job(table: str, tasks: list[_Task]) -> None:
@@ -379,7 +453,7 @@ class InitialCopy:
     def _poll(self) -> None:
         for table, progress in self.progress.items():
             targets = [self._staging(table)] if self._staged else self.targets[table]
-            copied = [t for t in targets if t.mode != "changelog"]
+            copied = [t for t in targets if t.mode != "changelog" or self.changelog_reads]
             if not copied:
                 continue
             done = copied[0].copied_chunks(progress.point)

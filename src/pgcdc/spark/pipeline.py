@@ -30,13 +30,30 @@ from pgcdc.errors import PgcdcError, SlotNotFound
 from pgcdc.monitoring import (
     BatchLog,
     BatchRecord,
+    LagReport,
     PipelineMetrics,
     slot_status,
     wal_warnings,
+    write_lag,
+)
+from pgcdc.pipeline.columns import ColumnIdentities
+from pgcdc.pipeline.lineage import SlotLineage
+from pgcdc.pipeline.startup import (
+    REFUSALS,
+    CopyCondition,
+    Decision,
+    SlotCondition,
+    Start,
+    StartFacts,
+    decide,
+    judge_slot,
+    tables_to_copy,
 )
 from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
+from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slot, get_slot
+from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spark.batch import (
     TableOutcome,
@@ -46,7 +63,13 @@ from pgcdc.spark.batch import (
     group_work,
     warm_up,
 )
-from pgcdc.spark.bindings import TableBindings, bind_partition, bind_tables
+from pgcdc.spark.bindings import (
+    BindingError,
+    TableBindings,
+    TableEvent,
+    bind_partition,
+    inspect_tables,
+)
 from pgcdc.spark.config import PipelineConfig, TableTarget
 from pgcdc.spark.initial_copy import InitialCopy, TableProgress
 from pgcdc.spark.quarantine import Quarantine
@@ -68,6 +91,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The copy's state (`InitialCopy.status`) as the start-up decision sees it.
+_COPY_STATES = {
+    None: CopyCondition.NONE,
+    "creating": CopyCondition.CUT_OFF,
+    "copying": CopyCondition.CUT_OFF,
+    "done": CopyCondition.DONE,
+}
 #: How long the session may take to send up to the available-now target once idle.
 _CATCH_UP_TIMEOUT = 600.0
 
@@ -127,12 +157,19 @@ class Pipeline:
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
         self.catalog = Catalog(config.conninfo)
+        #: The replication thread's own: what each Relation message's columns are.
+        self._spool_catalog = Catalog(config.conninfo)
         #: The descriptions of the user-defined types met, read here and shipped to the tasks.
         self.types = TypeCatalog(self.catalog)
         self.targets: dict[str, list[tuple[TableTarget, Target]]] = {}
         for spec in config.targets():
             self.targets.setdefault(spec.table, []).append((spec, self._open(spec)))
         self.stats = PipelineStats()
+        #: What the pipeline knows of its slot (`pgcdc.pipeline.lineage`).
+        self.lineage = SlotLineage(Path(config.state_path) / "slot.json")
+        #: The start's decision (`prepare`), and what happened to the slot, for messages.
+        self.decision: Decision | None = None
+        self._what_happened = ""
         self.bindings: TableBindings | None = None
         self.quarantine = Quarantine(Path(config.state_path) / "quarantine.json")
         #: What `watch_wal` last found wrong with the slot's retained WAL (None: nothing).
@@ -142,8 +179,15 @@ class Pipeline:
         #: Tables whose targets wait for a copy, or are quarantined: their changes go to
         #: their pending change log.
         self.pending: set[str] = set()
-        self._online: threading.Thread | None = None
+        #: Copies running while the stream goes on (`_copy_online`); the tables they copied.
+        self._copies: list[threading.Thread] = []
         self._online_done: set[str] = set()
+        #: Tables whose copy while streaming failed, with the error (`_drain_copied`).
+        self._copy_failures: dict[str, str] = {}
+        #: When the tables were last checked for what the stream does not show (`_watch`).
+        self._tables_checked = time.monotonic()
+        self._lag_checked = float("-inf")
+        self._warned: set[str] = set()
         self._stopping = threading.Event()
         self._relations: dict[bytes, Relation] = {}
         self.spooler: Spooler | None = None
@@ -181,14 +225,26 @@ class Pipeline:
             relation = self._relations[encoded] = message
         return relation
 
-    def _table_of(self, relid: int) -> str | None:
+    def _table_of(self, relid: int, relation: Relation | None) -> str | None:
         if relid == MESSAGES or relid in self._unbound:
             return None
         bindings = self.bind()
         table = bindings.table_of(relid)
         if table is None:
             table = bind_partition(self.config.conninfo, bindings, relid)
-            if table is None:
+            if table is not None:
+                self._tables_checked = float("-inf")  # an attached partition: look now
+            elif relation is not None:
+                name = f"{relation.namespace}.{relation.relname}"
+                for configured, current in bindings.current_names.items():
+                    if name in (configured, current):
+                        raise PipelineFailed(
+                            f"table {name} was dropped and created again while the pipeline "
+                            f"ran (OID {bindings.oids[configured]}, now {relid}): its "
+                            "targets hold the old table; move them away (or delete them) "
+                            f"and remove {configured} from the pipeline's tables.json to copy "
+                            "the new one"
+                        )
                 self._unbound.add(relid)
         return table
 
@@ -197,7 +253,8 @@ class Pipeline:
         column types resolved here (the answers go with the work)."""
         per_table: dict[str, list[SpoolRange]] = {}
         for relid, found in ranges.items():
-            table = self._table_of(relid)
+            last = found[-1].versions[-1] if found and found[-1].versions else None
+            table = self._table_of(relid, None if last is None else self._relation(last))
             if table is not None:
                 per_table.setdefault(table, []).extend(found)
         works = []
@@ -257,17 +314,7 @@ class Pipeline:
                 continue
             if outcome.pending and outcome.table not in self.pending:  # quarantined now
                 first = Lsn(outcome.first_commit_lsn or 0)
-                self.quarantine.add(outcome.table, outcome.error, str(first))
-                self.pending.add(outcome.table)
-                if self.metrics is not None:
-                    self.metrics.set_quarantined(outcome.table, outcome.error)
-                log.error(
-                    "%s is quarantined: %s; its changes go to its change log until "
-                    "`pgcdc recopy PIPELINE.toml %s`",
-                    outcome.table,
-                    outcome.error,
-                    outcome.table,
-                )
+                self._set_aside(outcome.table, outcome.error, str(first))
             elif not outcome.pending:
                 raise PipelineFailed(
                     f'{outcome.error}; nothing of it is confirmed (on_error = "quarantine" '
@@ -334,15 +381,88 @@ class Pipeline:
     def bind(self) -> TableBindings:
         """The configured tables' relation OIDs, resolved or re-checked once per run
         (`pgcdc.spark.bindings`): raises `BindingError` naming a table that cannot be
-        followed."""
+        followed; a table whose rows changed since with no change in the stream is
+        resynchronized."""
         if self.bindings is None:
-            self.bindings = bind_tables(
+            bindings, events = inspect_tables(
                 self.config.conninfo,
                 self.config.publications,
                 self.targets,
                 Path(self.config.state_path) / "tables.json",
             )
+            for event in events:
+                if not event.resync:
+                    raise BindingError(event.line)
+            self.bindings = bindings
+            self._react(events)
         return self.bindings
+
+    def watch_tables(self, every: float = 5.0) -> None:
+        """At most every `every` seconds, look for what the stream cannot show
+        (`pgcdc.spark.bindings.inspect_tables`): a table dropped and created again, one that
+        left its publication, stops the pipeline (or sets the table aside, with
+        ``on_error = "quarantine"``); a table that came back to its publication, or gained
+        or lost partitions, is resynchronized while the others stream."""
+        now = time.monotonic()
+        if now - self._tables_checked < every:
+            return
+        self._tables_checked = now
+        bindings, events = inspect_tables(
+            self.config.conninfo,
+            self.config.publications,
+            self.targets,
+            Path(self.config.state_path) / "tables.json",
+            self.bind(),
+        )
+        for table, routes in self.bind().routes.items():  # partitions bound on the way
+            bindings.routes.setdefault(table, routes)
+        stopping = [e for e in events if e.kind in ("recreated", "publish")]
+        stopping += [
+            e
+            for e in events
+            if e.kind == "unpublished" and self.config.on_error.get(e.table, "stop") == "stop"
+        ]
+        if stopping:
+            raise PipelineFailed(stopping[0].line)
+        for event in events:
+            if event.kind == "gone" and event.table not in self._warned:
+                self._warned.add(event.table)
+                log.warning("%s", event.line)
+            elif event.kind == "unpublished" and event.table not in self.pending:
+                self._set_aside(event.table, event.line, "")
+        self.bindings = bindings
+        self._react(events)
+
+    def _react(self, events: list[TableEvent]) -> None:
+        """Resynchronize the tables `events` say changed with no change in the stream."""
+        resync = []
+        for event in events:
+            if not event.resync or event.table in self.pending:
+                continue
+            on_detach = self.config.on_detach.get(event.table, "remove")
+            if event.kind == "partitions" and not event.attached and on_detach == "keep":
+                log.warning('%s; on_detach = "keep": their rows stay', event.line)
+                continue
+            log.warning("%s", event.line)
+            self.quarantine.request_resync(event.table, event.line)
+            self.pending.add(event.table)
+            resync.append(event.table)
+        if resync and self.config.snapshot and self.spooler is not None:  # (else `start`)
+            self._copy_later(resync, resync=True)
+
+    def _set_aside(self, table: str, reason: str, since: str) -> None:
+        """Quarantine `table`: its changes go to its pending change log from now on."""
+        self.quarantine.add(table, reason, since)
+        self.pending.add(table)
+        if self.metrics is not None:
+            self.metrics.set_quarantined(table, reason)
+        log.error(
+            "%s is quarantined: %s; its changes go to its change log until "
+            "`pgcdc recopy PIPELINE.toml %s`",
+            table,
+            reason,
+            table,
+        )
 
     # -- the initial copy --------------------------------------------------------------------
 
@@ -368,96 +488,178 @@ class Pipeline:
             source_names=self.bind().current_names,
             failover=config.failover,
             publications=config.publications,
+            lineage=self.lineage,
+            changelog_reads=config.changelog_reads,
         )
 
-    def _check_slot(self) -> None:
+    def _decide(self) -> Decision:
+        """What to do at start (`pgcdc.pipeline.startup`): refuses with one line when the
+        slot cannot feed the targets. Needs no Spark."""
         config = self.config
-        if not config.create_slot and _slot_or_none(config.conninfo, config.slot) is None:
-            raise SlotNotFound(
-                f"replication slot '{config.slot}' does not exist (create it with "
-                "`pgcdc slot create`, or set create_slot = true in [source])"
-            )
-
-    def initial_copy(self) -> None:
-        """Copy the tables first when the slot is new (the pipeline creates it with an
-        exported snapshot) or a previous copy did not finish (it starts again: see
-        `pgcdc.spark.initial_copy`). Once the pipeline has run, a table still without a copy
-        (added since, or whose copy failed) is copied while the stream runs. A first run on
-        a slot the pipeline did not create copies nothing: the slot holds the tables' changes
-        from its creation on.
-
-        A slot that is gone while the targets hold data stops the pipeline: the changes
-        between the targets' watermarks and a new slot would be lost."""
-        config = self.config
-        copier = self._copier()
-        status = copier.status if config.snapshot else None
+        copy = _COPY_STATES.get(
+            InitialCopy.status_of(self._snapshot_path) if config.snapshot else None
+        )
         slot = _slot_or_none(config.conninfo, config.slot)
-        watermarks = [t.watermark for ts in self.targets.values() for _, t in ts]
-        lost = slot is None or slot.invalidated
-        if status in ("creating", "copying"):
-            copier.restart()
-        elif lost and (status == "done" or any(w is not None for w in watermarks)):
-            applied = max((w for w in watermarks if w is not None), default=None)
-            if slot is None:
-                what = "is gone"
-            else:
-                reason = slot.invalidation_reason or f"wal_status {slot.wal_status}"
-                what = f"was invalidated ({reason})"
-            if not config.recover_lost_slot:
-                raise SlotLost(
-                    f'replication slot "{config.slot}" {what}, but the targets hold changes up '
-                    f"to commit LSN {Lsn(applied) if applied is not None else '?'}: the changes "
-                    "since then cannot be streamed again; set recover_lost_slot = true in "
-                    "[source] to copy the tables under a new slot and reconcile the targets "
-                    "with them (or move the targets and the pipeline's state "
-                    f"({config.state_path}) away to copy everything anew)"
+        with ReplicationConnection.connect(config.conninfo) as rconn:
+            server = rconn.identify_system()
+        condition, what = judge_slot(
+            self.lineage.load(),
+            exists=slot is not None,
+            invalidated=slot is not None and slot.invalidated,
+            confirmed_flush=None if slot is None else slot.confirmed_flush_lsn,
+            synced=None if slot is None else slot.synced,
+            system=server.systemid,
+            timeline=server.timeline,
+        )
+        if slot is not None and slot.invalidated:
+            what = (
+                f"was invalidated ({slot.invalidation_reason or f'wal_status {slot.wal_status}'})"
+            )
+        watermarks = [
+            w for ts in self.targets.values() for _, t in ts if (w := t.watermark) is not None
+        ]
+        applied = max(watermarks, default=None)
+        facts = StartFacts(
+            condition,
+            copy or CopyCondition.NONE,
+            targets_hold_data=applied is not None,
+            behind_targets=applied is not None and applied > server.xlogpos,
+            create_slot=config.create_slot,
+            snapshot=config.snapshot,
+            recover=config.recover_lost_slot,
+        )
+        decision = decide(facts)
+        if decision.action is Start.REFUSE:
+            assert decision.refusal is not None
+            line = REFUSALS[decision.refusal].format(
+                slot=config.slot,
+                what=what,
+                applied=Lsn(applied) if applied is not None else "?",
+                server=server.xlogpos,
+                state=config.state_path,
+            )
+            raise (SlotNotFound if decision.refusal == "missing" else SlotLost)(line)
+        self._what_happened = what
+        return decision
+
+    @property
+    def _snapshot_path(self) -> Path:
+        return Path(self.config.state_path) / "snapshot.json"
+
+    def _check_failover(self) -> None:
+        """``failover = true``: the slot is made a failover slot if it is not one (17+), or
+        the start is refused (older servers have none)."""
+        config = self.config
+        if not config.failover:
+            return
+        slot = _slot_or_none(config.conninfo, config.slot)
+        if slot is None or slot.failover:
+            return
+        with ReplicationConnection.connect(config.conninfo) as rconn:
+            if rconn.server_version < 170000:
+                raise PipelineFailed(
+                    f"failover = true, but PostgreSQL {rconn.server_version // 10000} has no "
+                    f'failover slots (17 and later have): slot "{config.slot}" would not '
+                    "survive a failover; set failover = false or upgrade"
                 )
+            rconn.alter_slot(config.slot, failover=True)
+        log.info("replication slot %s is now a failover slot", config.slot)
+
+    def start(self) -> None:
+        """Do what `prepare` decided (`pgcdc.pipeline.startup`): copy, copy again, resync
+        or create the slot, or nothing; then find the tables the stream waits for (a copy
+        added since, failed or asked for) and start their copy while the stream runs."""
+        config = self.config
+        decision = self.decision if self.decision is not None else self._decide()
+        copier = self._copier()
+        action = decision.action
+        if action is Start.RECREATE:
+            log.warning("replication slot %s %s: replacing it", config.slot, self._what_happened)
+            drop_slot(config.conninfo, config.slot, wait=True)
+            action = Start.COPY if config.snapshot else Start.CREATE_SLOT
+        if action is Start.COPY_AGAIN:
+            copier.restart()
+        elif action is Start.RESYNC:
             log.warning(
                 "replication slot %s %s: copying every table under a new slot and "
                 "reconciling the targets with it",
                 config.slot,
-                what,
+                self._what_happened,
             )
-            if slot is not None:
+            if _slot_or_none(config.conninfo, config.slot) is not None:
                 drop_slot(config.conninfo, config.slot, wait=True)
             copier.start_fresh(resync=True)
-        elif slot is None and config.create_slot and config.snapshot:
+        elif action is Start.COPY:
             copier.start_fresh()
-        if not config.snapshot:
-            return
-        failed = {t for t, p in self.copy_progress.items() if p.error is not None}
+        elif action is Start.CREATE_SLOT:
+            created = create_slot(config.conninfo, config.slot, failover=config.failover)
+            self.lineage.created(config.slot, *self._identity(), created.consistent_point)
+        copy = _COPY_STATES.get(copier.status) or CopyCondition.NONE
         marked = {
             table: all(t.watermark is not None for _, t in targets)
             for table, targets in self.targets.items()
         }
+        for table, progress in self.copy_progress.items():
+            if progress.error is not None:
+                self._copy_failed(table, progress.error)
         records = {t: r for t, r in self.quarantine.records().items() if t in self.targets}
         set_aside = {t for t, r in records.items() if r.status == "quarantined"}
-        if not any(marked.values()) and not records:
-            return  # a first run on a slot made by someone else: the stream has it all
+        resync = {t for t, r in records.items() if r.status == "resync"} - set_aside
+        waiting = tables_to_copy(action, copy, marked, config.snapshot)
+        waiting |= {t for t, r in records.items() if r.status == "recopy"}
+        waiting -= set_aside | resync
+        for table in sorted(set_aside):
+            log.warning("%s stays quarantined: %s", table, records[table].reason)
         for table, ready in marked.items():
-            if table in set_aside:
+            if table in waiting | set_aside | resync:
                 self.pending.add(table)
-                log.warning("%s stays quarantined: %s", table, records[table].reason)
-            elif not ready:  # added since the last run, its copy failed, or a recopy
-                self.pending.add(table)
-            elif Path(self._pending_path(table)).exists():
+            elif ready and Path(self._pending_path(table)).exists():
                 self._drain(table)  # a crash came after the copy, before the drain ended
-        waiting = sorted(self.pending - failed - set_aside)
-        for table in failed:
-            log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
         if waiting:
-            self._online = threading.Thread(
-                target=self._copy_online, args=(waiting,), name="pgcdc-online-copy", daemon=True
-            )
+            self._copy_later(sorted(waiting), resync=False)
+        if resync and config.snapshot:
+            self._copy_later(sorted(resync), resync=True)
+
+    def _copy_later(self, tables: list[str], *, resync: bool) -> None:
+        """Copy (or resynchronize) `tables` in a thread while the stream goes on; their
+        changes go to their pending change logs meanwhile."""
+        thread = threading.Thread(
+            target=self._copy_online,
+            args=(tables, resync),
+            name="pgcdc-online-copy",
+            daemon=True,
+        )
+        self._copies.append(thread)
+        if self.spooler is not None:  # running: start now (else when the stream starts)
+            thread.start()
+
+    def _identity(self) -> tuple[str | None, int | None]:
+        with ReplicationConnection.connect(self.config.conninfo) as rconn:
+            identity = rconn.identify_system()
+        return identity.systemid, identity.timeline
 
     def _pending_path(self, table: str) -> str:
         return str(Path(self.config.state_path) / "pending" / table)
 
-    def _copy_online(self, tables: list[str]) -> None:
-        _, copied = self._copier().copy_online(tables)
+    def _copy_online(self, tables: list[str], resync: bool) -> None:
+        keep = frozenset(t for t in tables if self.config.on_detach.get(t) == "keep")
+        try:
+            _, copied = self._copier().copy_online(tables, resync=resync, keep=keep)
+        except PgcdcError as exc:
+            self._copy_failures.update(dict.fromkeys(tables, str(exc)))
+            return
         self._online_done.update(copied)
         for table in set(tables) - copied:
-            log.error("copy of %s failed: %s", table, self.copy_progress[table].error)
+            self._copy_failures[table] = self.copy_progress[table].error or "failed"
+
+    def _copy_failed(self, table: str, error: str) -> None:
+        """A table's copy failed: with ``on_error = "stop"`` the pipeline stops with one line
+        (the next run copies it again); with "quarantine" the table is set aside."""
+        line = f"copy of {table} failed: {error}"
+        if self.config.on_error.get(table, "stop") == "stop":
+            raise PipelineFailed(f"{line}; it is copied again at the next run")
+        if table not in self.quarantine.records():
+            self._set_aside(table, line, "")
 
     def _drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip
@@ -477,6 +679,9 @@ class Pipeline:
         self.quarantine.lift(table)
 
     def _drain_copied(self) -> None:
+        for table, error in list(self._copy_failures.items()):
+            del self._copy_failures[table]
+            self._copy_failed(table, error)
         for table in list(self._online_done):
             self._online_done.discard(table)
             self._drain(table)
@@ -486,30 +691,71 @@ class Pipeline:
     def _session(self) -> Spooler:
         """The replication session, spooling from the slot's confirmed position."""
         config = self.config
-        if _slot_or_none(config.conninfo, config.slot) is None:
-            # create_slot = true, no copy wanted
-            create_slot(config.conninfo, config.slot, failover=config.failover)
         streaming = config.streaming
         if streaming is None:
             version = int(self.catalog.query("SHOW server_version_num")[0][0])
             streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
         directory = config.spool_dir or default_spool_dir(config.slot)
+        identities = ColumnIdentities(self._spool_catalog, config.publications)
+        bindings = self.bind()
+        for table, targets in self.targets.items():
+            recorded = next(
+                (r for _, t in targets if (r := t.recorded_columns()) is not None), None
+            )
+            if recorded is not None and table in bindings.oids and table not in bindings.leaves:
+                columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded]
+                identities.seed(bindings.oids[table], columns)
         return Spooler(
             config.conninfo,
             config.slot,
             StreamOptions(config.publications),
-            Spool(directory),
+            Spool(directory, identify=identities),
             streaming=StreamingMode(streaming),
             status_interval=config.status_interval,
+            on_session=self._session_started,
         ).start()
+
+    def _session_started(self, stream: LogicalStream) -> None:
+        """A replication session streams (the first, or one after a reconnect: perhaps to
+        a promoted standby): its slot must still be the one the targets were fed from; the
+        slot is then recorded as moving only after the record does (`SlotLineage`)."""
+        config = self.config
+        identity = stream.identity
+        assert identity is not None
+        slot = get_slot(config.conninfo, config.slot)
+        condition, what = judge_slot(
+            self.lineage.load(),
+            exists=True,
+            invalidated=slot.invalidated,
+            confirmed_flush=slot.confirmed_flush_lsn,
+            synced=slot.synced,
+            system=identity.systemid,
+            timeline=identity.timeline,
+        )
+        if condition is not SlotCondition.OK:
+            raise SlotLost(
+                f'replication slot "{config.slot}" {what}: the changes since the targets\' '
+                "watermark cannot be streamed from it; set recover_lost_slot = true in "
+                "[source] to copy the tables under a new slot and reconcile the targets"
+            )
+        self.lineage.streaming(config.slot, identity.systemid, identity.timeline)
+        before = stream.before_status
+
+        def record() -> None:
+            if before is not None:
+                before()
+            self.lineage.advance(config.slot, stream.acks.flush_lsn)
+
+        stream.before_status = record
 
     def prepare(self) -> None:
         """Check the source (the connection, the slot, every table and its publication),
         then start Spark: a wrong configuration is said at once, not after the JVM started.
         Starting Spark installs its own SIGINT handler: a caller that handles Ctrl-C installs
         its own after this."""
-        self._check_slot()
+        self.decision = self._decide()
         self.bind()
+        self._check_failover()
         _ = self.spark
 
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
@@ -527,9 +773,10 @@ class Pipeline:
                 self.metrics.stop()
 
     def _run(self, tick: Callable[[], None] | None) -> PipelineStats:
-        self.initial_copy()
-        if self._online is not None and self._online.ident is None:
-            self._online.start()
+        self.start()
+        for thread in self._copies:
+            if thread.ident is None:
+                thread.start()
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
         # The Python workers import what the tasks need while the session spools.
@@ -538,9 +785,9 @@ class Pipeline:
         context.parallelize(range(cores), cores).map(warm_up).collect()
         try:
             self._stream(spooler, start, tick)
-            if self._online is not None and self._online.ident is not None:
-                self._online.join()  # available-now: the copies finish before the run does
-                self._drain_copied()
+            for thread in self._copies:  # available-now: the copies finish before the run
+                thread.join()
+            self._drain_copied()
         except PipelineFailed:
             raise
         except PgcdcError as exc:
@@ -548,6 +795,7 @@ class Pipeline:
         finally:
             spooler.stop()  # the last status update moves the slot to what is durable
             self.catalog.close()
+            self._spool_catalog.close()
         return self.stats
 
     def _stream(self, spooler: Spooler, applied: Lsn, tick: Callable[[], None] | None) -> None:
@@ -564,6 +812,8 @@ class Pipeline:
                 last_tick = now
             self._drain_copied()
             self.watch_wal()
+            self.watch_tables()
+            self.watch_lag(applied)
             spooler.check()
             end, _ = spooler.spool.plan(
                 applied, max_changes=config.max_changes_per_batch, upto=target
@@ -581,6 +831,27 @@ class Pipeline:
             batch_id += 1
             spooler.confirm(end)
             applied = end
+
+    def watch_lag(self, applied: Lsn, every: float = 2.0) -> LagReport | None:
+        """At most every `every` seconds: how far behind the pipeline is (now minus the
+        commit time of the oldest change spooled and not applied; 0 when the session has
+        everything the server sent and none waits), for the metrics and `pgcdc status`."""
+        now = time.monotonic()
+        if now - self._lag_checked < every or self.spooler is None:
+            return None
+        self._lag_checked = now
+        at = datetime.now(UTC)
+        oldest = self.spooler.spool.oldest_pending(applied)
+        server = self.spooler.server_position
+        seconds = 0.0 if oldest is None else max(0.0, (at - oldest).total_seconds())
+        behind = None if not server else max(0, int(server) - int(applied))
+        if oldest is None and not server:  # still receiving: the last batch's figure
+            return None
+        report = LagReport(at, seconds, behind)
+        write_lag(Path(self.config.state_path) / "lag.json", report)
+        if self.metrics is not None:
+            self.metrics.set_lag(report)
+        return report
 
     def watch_wal(self, every: float = 10.0) -> str | None:
         """At most every `every` seconds, look at the slot (`pgcdc.monitoring.slot_status`):

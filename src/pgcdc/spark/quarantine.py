@@ -6,8 +6,12 @@ targets stay as they were. ``pgcdc recopy`` asks for a new copy of the table: th
 removed, the next run copies the table while the others stream, then applies the logged
 changes after the copy's point and lifts the quarantine.
 
-The records live in ``<state>/quarantine.json``: per table its status (``quarantined`` or
-``recopy``), the error line and the commit LSN of the batch that failed.
+A table whose rows changed without a change the stream carries (it left its publication and
+came back, partitions were attached or detached) is resynchronized while the others stream:
+its status is ``resync`` until its targets were reconciled with a new copy.
+
+The records live in ``<state>/quarantine.json``: per table its status (``quarantined``,
+``recopy`` or ``resync``), the reason and the commit LSN of the batch that failed.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pgcdc.errors import PgcdcError
 
 __all__ = ["Quarantine", "QuarantineRecord"]
 
-Status = Literal["quarantined", "recopy"]
+Status = Literal["quarantined", "recopy", "resync"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,13 @@ class Quarantine:
         records[table] = QuarantineRecord("recopy", reason, since)
         self._save(records)
         return previous
+
+    def request_resync(self, table: str, reason: str) -> None:
+        """Mark `table` for a resynchronization (unless it waits for a copy already)."""
+        records = self.records()
+        if table not in records:
+            records[table] = QuarantineRecord("resync", reason, "")
+            self._save(records)
 
     def lift(self, table: str) -> None:
         records = self.records()

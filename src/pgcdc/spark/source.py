@@ -25,6 +25,7 @@ reads ``startLsn`` and ``endLsn``.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -50,8 +51,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pgcdc.decoding.assembler import TransactionAssembler
+from pgcdc.decoding.catalog import Catalog
 from pgcdc.decoding.context import DecodingContext
 from pgcdc.errors import SlotNotFound, SourceError
+from pgcdc.pipeline.columns import ColumnIdentities
 from pgcdc.protocol import Lsn, StreamingMode
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import connect_sql, create_slot, get_slot
@@ -180,9 +183,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._spooler: Spooler | None = None
         self._target: Lsn | None = None
+        self._catalog: Catalog | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_spooler": None, "_target": None}
+        return {"options": self.options, "_spooler": None, "_target": None, "_catalog": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -222,11 +226,13 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if streaming is None:
                 version = get_server_version(options.conninfo)
                 streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
+            self._catalog = Catalog(options.conninfo)
+            identities = ColumnIdentities(self._catalog, options.publications)
             self._spooler = Spooler(
                 options.conninfo,
                 options.slot,
                 options.stream_options,
-                Spool(directory),
+                Spool(directory, identify=identities),
                 streaming=streaming,
                 status_interval=options.status_interval,
             ).start()
@@ -311,6 +317,9 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._spooler is not None:
             self._spooler.stop()
             self._spooler = None
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
 
     # -- executor side ---------------------------------------------------------------------
 
@@ -327,8 +336,12 @@ class PgoutputBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         options = self.options
-        with tempfile.TemporaryDirectory(prefix="pgcdc-peek-") as directory:
-            spool = Spool(Path(directory) / "spool")
+        with (
+            tempfile.TemporaryDirectory(prefix="pgcdc-peek-") as directory,
+            contextlib.closing(Catalog(options.conninfo)) as catalog,
+        ):
+            identities = ColumnIdentities(catalog, options.publications)
+            spool = Spool(Path(directory) / "spool", identify=identities)
             plugin = SpoolWriter()
             plugin.spool = spool
             with SqlTransport(options.conninfo, options.slot, options.stream_options) as transport:

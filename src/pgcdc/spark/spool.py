@@ -32,7 +32,7 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -80,7 +80,9 @@ _HAS_XID, _HAS_TS = 1, 2
 @dataclass(frozen=True, slots=True)
 class SpoolRange:
     """Whole units of one file: what one task reads for one relation. `versions` are the
-    Relation messages the units' frames were sent under (encoded), by version number."""
+    Relation messages the units' frames were sent under (encoded), by version number;
+    `attnums`, when known, what each version's columns are (their attnums, resolved from the
+    catalog on the driver: `pgcdc.pipeline.columns`)."""
 
     relid: int
     path: str
@@ -88,6 +90,7 @@ class SpoolRange:
     length: int
     changes: int
     versions: tuple[bytes, ...]
+    attnums: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +153,11 @@ class Spool:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        identify: Callable[[Relation], tuple[int, ...]] | None = None,
     ) -> None:
         self.directory = Path(directory)
+        #: Says what each column of a Relation message is (its attnums), when it arrives.
+        self.identify = identify
         if self.directory.exists():
             shutil.rmtree(self.directory)  # a previous process's: the slot resends it
         self.directory.mkdir(parents=True)
@@ -163,8 +169,10 @@ class Spool:
         self._files: dict[int, _File] = {}
         self._segments: dict[tuple[int, int], int] = {}  # (relid, segment) -> units in index
         self._bytes_held = 0
-        #: Per relid: the Relation messages its frames were sent under, encoded.
-        self._versions: dict[int, list[bytes]] = {}
+        #: Per relid: the Relation messages its frames were sent under, encoded, and what
+        #: their columns are (attnums; empty: not known).
+        self._versions: dict[int, list[tuple[bytes, tuple[int, ...]]]] = {}
+        #: Per relid: the last Relation message received, and its version.
         self._version_of: dict[int, tuple[Relation, int]] = {}
         self._open: dict[int, _Open] = {}
         self._ordinal = 0
@@ -213,12 +221,20 @@ class Spool:
         self._ordinal = 0
 
     def _version(self, relation: Relation) -> int:
+        """The version of a relation's frames: a new one when a Relation message differs
+        from the last one, or names other columns (a message sent again after DDL may be
+        the same bytes: ``DROP c; ADD c``)."""
         known = self._version_of.get(relation.relid)
-        if known is not None and (known[0] is relation or known[0] == relation):
+        if known is not None and known[0] is relation:
             return known[1]
+        attnums = self.identify(relation) if self.identify is not None else ()
+        encoded = encode(replace(relation, xid=None))  # not a stream block's
         versions = self._versions.setdefault(relation.relid, [])
-        versions.append(encode(replace(relation, xid=None)))  # not a stream block's
-        version = len(versions) - 1
+        if known is not None and versions[known[1]] == (encoded, attnums):
+            version = known[1]
+        else:
+            versions.append((encoded, attnums))
+            version = len(versions) - 1
         self._version_of[relation.relid] = (relation, version)
         return version
 
@@ -365,6 +381,14 @@ class Spool:
                 end, changes, size = txn.end_lsn, changes + txn.changes, size + txn.size
             return end, changes
 
+    def oldest_pending(self, after: Lsn) -> datetime | None:
+        """The commit time of the first transaction spooled after `after` (None: none)."""
+        with self.changed:
+            for txn in self._after(after):
+                if txn.commit_ts is not None:
+                    return pg_timestamp_to_datetime(txn.commit_ts)
+        return None
+
     def batch(self, start: Lsn, end: Lsn) -> BatchInfo:
         """The transactions ending in (start, end]."""
         with self.changed:
@@ -403,7 +427,13 @@ class Spool:
         return {
             relid: [
                 SpoolRange(
-                    relid, str(self._path(relid, seg)), offset, length, changes, versions[relid]
+                    relid,
+                    str(self._path(relid, seg)),
+                    offset,
+                    length,
+                    changes,
+                    tuple(encoded for encoded, _ in versions[relid]),
+                    tuple(attnums for _, attnums in versions[relid]),
                 )
                 for seg, offset, length, changes in found
             ]
@@ -474,6 +504,7 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
     builder = EnvelopeBuilder()
     for spool_range in ranges:
         relations = [_relation(v) for v in spool_range.versions]
+        attnums = list(spool_range.attnums) or [()] * len(relations)
         frames: list[tuple[int, bytes]] = []  # (version, F payload) of the open unit
         version = 0
         for payload in _records(spool_range):
@@ -483,7 +514,7 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
             elif tag == b"F":
                 frames.append((version, payload))
             elif tag == b"C":
-                _unit(builder, spool_range, relations, frames, payload)
+                _unit(builder, spool_range, relations, attnums, frames, payload)
                 frames = []
                 if len(builder) >= _BATCH_ROWS or builder.value_bytes >= _BATCH_VALUE_BYTES:
                     yield builder.flush()
@@ -503,6 +534,7 @@ def _unit(
     builder: EnvelopeBuilder,
     spool_range: SpoolRange,
     relations: list[Relation],
+    attnums: list[tuple[int, ...]],
     frames: list[tuple[int, bytes]],
     trailer: bytes,
 ) -> None:
@@ -516,17 +548,23 @@ def _unit(
     )
     for version, payload in frames:
         relation = relations[version] if spool_range.relid != MESSAGES else None
+        numbers = attnums[version] if relation is not None else ()
         pos, end = 1, len(payload)
         while pos < end:
             if relation is not None:
-                pos = builder.frames(relation, payload, pos, end)
+                pos = builder.frames(relation, payload, pos, end, numbers)
                 if pos >= end:
                     break
-            pos = _one_frame(builder, relation, payload, pos, Lsn(commit_lsn))
+            pos = _one_frame(builder, relation, numbers, payload, pos, Lsn(commit_lsn))
 
 
 def _one_frame(
-    builder: EnvelopeBuilder, relation: Relation | None, payload: bytes, pos: int, commit: Lsn
+    builder: EnvelopeBuilder,
+    relation: Relation | None,
+    attnums: tuple[int, ...],
+    payload: bytes,
+    pos: int,
+    commit: Lsn,
 ) -> int:
     """The frame at `pos` that the column path did not take: a Truncate, a message, or a
     change that does not decode (the decoder raises the precise error)."""
@@ -541,12 +579,12 @@ def _one_frame(
     except PgcdcError as exc:
         raise SpoolError(f"the change at LSN {Lsn(lsn)} (commit {commit}): {exc}") from None
     if isinstance(message, Truncate) and relation is not None:
-        builder.truncate(ordinal, relation, message.cascade, message.restart_identity, lsn)
+        builder.truncate(ordinal, relation, message.cascade, message.restart_identity, lsn, attnums)
     elif isinstance(message, Message):
         builder.message(ordinal, message.prefix, message.content, message.transactional, lsn)
     elif isinstance(message, Insert | Update | Delete | UndecodedChange) and relation is not None:
         assert not isinstance(message, UndecodedChange)
-        builder.change(ordinal, message, relation, lsn)  # decoded in Python: still valid
+        builder.change(ordinal, message, relation, lsn, attnums)  # decoded in Python
     else:
         raise SpoolError(f"unexpected {type(message).__name__} in a spool unit at LSN {Lsn(lsn)}")
     return start + size

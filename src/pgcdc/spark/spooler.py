@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from pgcdc.decoding import Change, DecodingContext, OutputPlugin, Transaction, Truncation
 from pgcdc.decoding.runner import PluginRunner
@@ -91,8 +92,11 @@ class Spooler:
         *,
         streaming: StreamingMode | None = None,
         status_interval: float = 10.0,
+        on_session: Callable[[LogicalStream], None] | None = None,
     ) -> None:
         self.spool = spool
+        #: Called with each new session once it streams (after a reconnect too).
+        self.on_session = on_session
         self.runner = PluginRunner(
             conninfo,
             slot,
@@ -113,6 +117,8 @@ class Spooler:
 
     def _on_session(self, stream: LogicalStream) -> None:
         stream.ping_when_idle = True
+        if self.on_session is not None:
+            self.on_session(stream)
 
     def start(self) -> Spooler:
         self._thread.start()

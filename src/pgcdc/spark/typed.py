@@ -11,72 +11,22 @@ value an update did not send.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import types as st
 
-from pgcdc.decoding.catalog import Catalog
-from pgcdc.protocol import Column, Relation, TupleData
+from pgcdc.protocol import Relation, TupleData
+from pgcdc.snapshot.relation import catalog_relation
 from pgcdc.types.arrow import ArrowBatchBuilder, relation_spark_schema
-from pgcdc.types.catalog import TypeCatalog, TypeDescriptions
+from pgcdc.types.catalog import TypeDescriptions
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import TypeRegistry
 
-__all__ = ["catalog_relation", "table_changes"]
+__all__ = ["table_changes"]
 
 _KEPT = ("commit_lsn", "ordinal", "sequence", "xid", "commit_ts", "origin", "op", "lsn")
-_COLUMNS_SQL = """
-SELECT a.attname, a.atttypid::int8, a.atttypmod,
-       a.attnum = ANY(coalesce((
-           SELECT i.indkey::int2[] FROM pg_catalog.pg_index i
-           WHERE i.indrelid = a.attrelid AND (i.indisreplident OR i.indisprimary)
-           ORDER BY i.indisreplident DESC LIMIT 1), '{}')),
-       a.attgenerated <> ''
-FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-#: The columns the publications publish of the table (or of its partitions), PostgreSQL 15+:
-#: a column list, and generated columns (published only on 18+, when the publication says).
-_PUBLISHED_SQL = """
-SELECT DISTINCT unnest(pt.attnames)
-FROM pg_catalog.pg_publication_tables pt
-JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
-JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = ANY(%s)
-  AND (c.oid = %s::regclass
-       OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(%s::regclass)))
-"""
-
-
-def catalog_relation(
-    conninfo: str, table: str, publications: Sequence[str] = ()
-) -> tuple[Relation, TypeDescriptions]:
-    """`table` ("schema.name") as a Relation message would describe it now, and the
-    descriptions of its columns' types: the columns `publications` publish (their column
-    lists; generated columns where a PostgreSQL 18 publication publishes them), or without
-    publications every column but generated ones (which no publication sends before 18)."""
-    schema, _, name = table.rpartition(".")
-    schema = schema or "public"
-    catalog = Catalog(conninfo)
-    try:
-        regclass = f"{catalog.quote_identifier(schema)}.{catalog.quote_identifier(name)}"
-        rows = catalog.query(_COLUMNS_SQL, (regclass,))
-        published: set[str] = set()
-        if publications and int(catalog.query("SHOW server_version_num")[0][0]) >= 150000:
-            found = catalog.query(_PUBLISHED_SQL, (list(publications), regclass, regclass))
-            published = {name for (name,) in found}
-        columns = tuple(
-            Column(int(bool(k)), n, int(oid), int(mod))
-            for n, oid, mod, k, generated in rows
-            if (n in published if published else not generated)
-        )
-        types = TypeCatalog(catalog).describe(c.type_oid for c in columns)
-    finally:
-        catalog.close()
-    return Relation(0, schema, name, "d", columns), types
 
 
 def _row_struct(relation: Relation, registry: TypeRegistry, options: MappingOptions) -> Any:
@@ -99,7 +49,8 @@ def table_changes(
     if relation is None:
         if conninfo is None:
             raise ValueError("table_changes needs conninfo or relation")
-        relation, types = catalog_relation(conninfo, table)
+        source = catalog_relation(conninfo, table)
+        relation, types = source.relation, source.types
     registry = types.registry()
     schema_name, _, table_name = table.rpartition(".")
     row = _row_struct(relation, registry, options)

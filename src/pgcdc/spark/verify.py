@@ -18,7 +18,7 @@ from psycopg import sql
 
 from pgcdc.replication.slots import connect_sql
 from pgcdc.snapshot.copy import copy_schema, read_copy
-from pgcdc.spark.typed import catalog_relation
+from pgcdc.snapshot.relation import catalog_relation
 
 __all__ = ["Verdict", "compare_history", "compare_mirror", "source_rows"]
 
@@ -53,8 +53,8 @@ def source_rows(
 ) -> pa.Table:
     """The table's current rows (those `where` selects: a condition), typed like the
     targets' columns: the columns `publications` publish (else all but generated ones)."""
-    relation, types = catalog_relation(conninfo, table, publications)
-    registry = types.registry()
+    described = catalog_relation(conninfo, table, publications)
+    relation, registry = described.relation, described.types.registry()
     names = [c.name for c in relation.columns]
     select = sql.SQL(", ").join(sql.Identifier(n) for n in names)
     source = sql.Identifier(relation.namespace, relation.relname)

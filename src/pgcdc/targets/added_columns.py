@@ -110,10 +110,16 @@ def fill_texts(
 
 
 def fill_values(
-    builder: ArrowBatchBuilder, column: str, fill: ColumnFill, keys: pa.Table
+    builder: ArrowBatchBuilder,
+    column: str,
+    fill: ColumnFill,
+    keys: pa.Table,
+    key_builder: ArrowBatchBuilder | None = None,
 ) -> pa.Array:
     """The fill typed as `column` of `builder`'s relation, for the rows whose typed key
-    columns are `keys` (one value per row of `keys`; null where the source has no row)."""
+    columns are `keys` (one value per row of `keys`; null where the source has no row). The
+    key values read are typed as `key_builder`'s relation has its key columns (the relation
+    as the values were read: a key widened since holds values the older type cannot)."""
     position = {c.name: i for i, c in enumerate(builder.relation.columns)}
     field = builder.schema.field(position[column])
     if fill.rows is None:
@@ -121,19 +127,26 @@ def fill_values(
         value = fill_array(builder, position[column], [text], fill)
         return pa.repeat(value[0], keys.num_rows).cast(field.type)
 
+    by_key = builder if key_builder is None else key_builder
+    key_position = {c.name: i for i, c in enumerate(by_key.relation.columns)}
+
     def typed(name: str, source: str) -> pa.Array:
         assert fill.rows is not None
         texts = [None if v is None else v.encode() for v in fill.rows.column(source).to_pylist()]
         if source == FILL_VALUE:
             return fill_array(builder, position[name], texts, fill)
-        return builder.column_from_text(position[name], texts)[0]
+        key = by_key.column_from_text(key_position[name], texts)[0]
+        return key.cast(keys.column(name).type)
 
     names = keys.column_names
-    found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: typed(column, FILL_VALUE)})
+    values = typed(column, FILL_VALUE)
+    # joined by key to the value's place (a join carries no nested type: the value is taken)
+    places = pa.array(range(len(values)), pa.int64())
+    found = pa.table({**{n: typed(n, n) for n in names}, _FOUND: places})
     order = pa.array(range(keys.num_rows), pa.int64())  # (typed: a table may have no rows)
     rows = pa.table({**{n: keys.column(n) for n in names}, _ROW: order})
     joined = rows.join(found, names, join_type="left outer").sort_by(_ROW)
-    return joined.column(_FOUND).combine_chunks().cast(field.type)
+    return values.take(joined.column(_FOUND)).cast(field.type)
 
 
 def fill_array(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from pgcdc.envelope import SEQUENCE_TYPE
+from pgcdc.envelope import SEQUENCE_TYPE, ColumnInfo
 from pgcdc.protocol import Relation
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
@@ -122,22 +122,43 @@ class Target(ABC):
         chunk."""
 
     @abstractmethod
+    def recorded_columns(self) -> tuple[ColumnInfo, ...] | None:
+        """The source relation's columns as of the last change applied (or the copy), with
+        what each is (its attnum); None when not known."""
+
+    @abstractmethod
     def copied_chunks(self, point: int) -> dict[str, int]:
         """Chunk id -> rows, of the copy at `point`, that the table holds."""
 
     @abstractmethod
-    def reconcile(self, rows: pa.Table, point: int, keys: Sequence[str]) -> None:
+    def reconcile(
+        self,
+        rows: pa.Table,
+        point: int,
+        keys: Sequence[str],
+        *,
+        keep_missing: bool = False,
+        columns: Sequence[ColumnInfo] = (),
+    ) -> None:
         """Make the table equal `rows` (the source table at `point`, after the slot was
-        lost), changing only what differs; the watermark becomes `point`. `keys`: the
-        table's key (none: rows are compared whole, as a multiset)."""
+        lost, or rows moved without changes), changing only what differs; the watermark
+        becomes `copy_watermark(point)`. `keys`: the table's key (none: rows are compared
+        whole, as a multiset). `keep_missing`: rows the source does not have stay. `columns`:
+        the source's columns as of the copy (with their attnums), which the target's follow."""
 
     @abstractmethod
     def mark(self, watermark: int) -> None:
         """Record `watermark` without data (an initial copy's point)."""
 
     @abstractmethod
-    def reset(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
-        """Empty the table and give it `relation`'s columns (a copy that starts over)."""
+    def reset(
+        self,
+        relation: Relation,
+        registry: TypeRegistry | None = None,
+        attnums: Sequence[int] = (),
+    ) -> None:
+        """Empty the table and give it `relation`'s columns, what they are by `attnums` (a
+        copy that starts over)."""
 
     @abstractmethod
     def to_arrow(self) -> pa.Table:

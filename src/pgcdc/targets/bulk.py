@@ -34,6 +34,8 @@ class BulkMirror:
     upsert_rows: int
     deletes: dict[str, pa.Array]
     delete_rows: int
+    #: The LSN of each upsert's change (for an error's message).
+    upsert_lsns: pa.Array | None = None
 
 
 def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Array] | None:
@@ -94,7 +96,7 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
     last_rank = grouped.aggregate([(_INDEX, "max")]).column(f"{_INDEX}_max")
     winners = pc.take(order, last_rank)
-    last = rows.select(["op", "key", "after"]).take(winners)
+    last = rows.select(["op", "key", "after", "lsn"]).take(winners)
     deleted = pc.equal(last.column("op"), "delete")
     kept = last.filter(pc.invert(deleted))
     gone = last.filter(deleted)
@@ -102,4 +104,5 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     deletes = _columns(gone.column("key"), keys)
     if upserts is None or deletes is None:
         return None
-    return BulkMirror(shape, upserts, kept.num_rows, deletes, gone.num_rows)
+    lsns = kept.column("lsn").combine_chunks()
+    return BulkMirror(shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns)

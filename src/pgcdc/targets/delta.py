@@ -57,8 +57,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,7 +69,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 
 from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
-from pgcdc.errors import SchemaChangeError, TargetError
+from pgcdc.errors import SchemaChangeError, TargetError, ValueOutOfRange
 from pgcdc.protocol import Column, Lsn, Relation, TupleData
 from pgcdc.targets.added_columns import (
     AddedColumn,
@@ -108,6 +109,7 @@ from pgcdc.targets.fold import (
     fold_multiset,
     segments,
 )
+from pgcdc.targets.naming import Naming, plan_naming
 from pgcdc.targets.reconcile import diff_by_key, diff_multiset, hashable
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.columns import TextColumns
@@ -182,6 +184,20 @@ def _widens(old: pa.DataType, new: pa.DataType) -> bool:
     if pa.types.is_list(old) and pa.types.is_list(new):
         return _widens(old.value_type, new.value_type)
     return False
+
+
+def _reshaped(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether `new` is `old` (a composite type's struct, or a list of them) with attributes
+    added or dropped, the others the same: the values cast by name (NULL in an attribute
+    added, as the server reads a value stored before), the column follows the type."""
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return _reshaped(old.value_type, new.value_type)
+    if not (pa.types.is_struct(old) and pa.types.is_struct(new)) or _same(old, new):
+        return False
+    before = {f.name: f.type for f in old}
+    kept = [f for f in new if f.name in before]
+    same = all(_same(before[f.name], f.type) or _widens(before[f.name], f.type) for f in kept)
+    return same and (len(kept) == len(new) or len(kept) == len(old))
 
 
 def _seq_sql(seq: Seq) -> str:
@@ -276,6 +292,8 @@ class DeltaTarget(Target):
         #: Per batch: the columns whose type changed beyond a widening, and the sequence of
         #: the first change of their last type change (see `_evolve`).
         self._retyped: dict[str, Seq] = {}
+        #: Per batch: its last relation shape (the key's type as values are read now).
+        self._latest: Shape | None = None
         self._writing_since: float | None = None
 
     def __repr__(self) -> str:
@@ -356,6 +374,7 @@ class DeltaTarget(Target):
         self._builders.clear()
         self._batch_fills.clear()
         self._retyped = {}
+        self._latest = None
         self._writing_since = None
         table = self._open()
         watermark = None if table is None else table.transaction_version(self.app_id)
@@ -417,7 +436,11 @@ class DeltaTarget(Target):
         self, table: DeltaTable | None, changes: list[Change], high: int, last: dict[str, Any]
     ) -> tuple[int, int, int]:
         source = self._check_source(table, changes)
-        evolution, before = self._schema_change(table, last, changes, source)
+        shapes = list(dict.fromkeys(c.shape for c in changes))
+        table, recorded = self._follow_columns(table, last, shapes)
+        changes = _renamed(changes, recorded)
+        self._latest = changes[-1].shape
+        evolution, before = self._schema_change(table, recorded.recorded, changes, source)
         schema = evolution.schema
         commit = self._commit(high, changes[-1].shape)
         runs = list(segments(changes))
@@ -431,7 +454,7 @@ class DeltaTarget(Target):
         elif evolution.widened or before:
             self._rewrite(table, schema, before)
         upserts = deletes = 0
-        keys = _recorded_keys(last)
+        keys = _recorded_keys(recorded.recorded)
         for i, (plan, data, run) in enumerate(zip(plans, typed, runs, strict=True)):
             final = i == len(plans) - 1
             table = self._load()
@@ -456,18 +479,21 @@ class DeltaTarget(Target):
                 self._mark(table, commit)
         return upserts, deletes, self._load().version()
 
-    def reset(self, relation: Relation, registry: TypeRegistry | None = None) -> None:
+    def reset(
+        self,
+        relation: Relation,
+        registry: TypeRegistry | None = None,
+        attnums: Sequence[int] = (),
+    ) -> None:
         """Empty the table and give it `relation`'s columns (a copy that starts over: the
-        source's columns may have changed since the table was made), in one commit that
-        records them as the columns of the rows to come."""
+        source's columns may have changed since the table was made; `attnums`: what they
+        are), in one commit that records them as the columns of the rows to come."""
         schema = self._relation_schema(relation, registry)
         table = self._open()
         if table is None:
             self._create(schema, self._relation_source(relation))
-            return
-        columns = _recorded_columns(
-            (c.name, c.type_oid, c.type_modifier, bool(c.flags & 1)) for c in relation.columns
-        )
+            table = self._load()
+        columns = _recorded_columns(Shape.of(relation, tuple(attnums)).columns)
         write_deltalake(
             table,
             schema.empty_table(),
@@ -533,32 +559,51 @@ class DeltaTarget(Target):
             table.create_checkpoint()
             table.cleanup_metadata()
 
-    def reconcile(self, rows: pa.Table, point: int, keys: Sequence[str]) -> None:
+    def reconcile(
+        self,
+        rows: pa.Table,
+        point: int,
+        keys: Sequence[str],
+        *,
+        keep_missing: bool = False,
+        columns: Sequence[ColumnInfo] = (),
+    ) -> None:
         """Make the table equal `rows`, the source table at `point` (typed rows from a copy
         under a new slot's snapshot, after the old slot was lost), changing only what
         differs (`pgcdc.targets.reconcile`), in one commit that records the copy's
         watermark (`copy_watermark`: the copy holds the commits before `point`). A mirror
         upserts the rows that differ or are missing and deletes the ones the source no longer
         has; a history ends the current versions of those and opens new ones, at `point`
-        (before any change at `point`). `keys`: the table's key (none: whole rows, counted)."""
+        (before any change at `point`). `keys`: the table's key (none: whole rows, counted).
+        `keep_missing`: rows the source does not have stay (a keyed table's). `columns`: the
+        source's columns as of the copy, with their attnums: the target's are followed to
+        them first (renamed, replaced: `pgcdc.targets.naming`), and recorded as the columns
+        of the rows to come."""
+        metadata = {_COLUMNS: _recorded_columns(columns)} if columns else None
         commit = CommitProperties(
-            app_transactions=[Transaction(self.app_id, copy_watermark(point))]
+            app_transactions=[Transaction(self.app_id, copy_watermark(point))],
+            custom_metadata=metadata,
         )
         table = self._open()
         if table is None or self.mode == "changelog":  # a change log cannot know what it missed
             if table is not None:
                 self._mark(table, commit)
             return
+        if columns:
+            shape = Shape("", "", 0, "d", tuple(columns))
+            followed, _ = self._follow_columns(table, self._last_commit(table), [shape])
+            assert followed is not None
+            table = followed
         current = self._schema(table)
         names = rows.column_names
         schema = pa.schema(
             [*current] + [rows.schema.field(n) for n in names if n not in current.names]
         )
-        data = self.to_arrow()
+        data = _conform(self.to_arrow(), schema)  # columns new to the target: null
         if self.mode == "history":
             data = data.filter(pc.is_null(data.column(END_AT)))
         written = (
-            self._reconcile_keyed(table, data, rows, keys, schema, point, commit)
+            self._reconcile_keyed(table, data, rows, keys, schema, point, commit, keep_missing)
             if keys
             else self._reconcile_multiset(table, data, rows, schema, point, commit)
         )
@@ -574,8 +619,11 @@ class DeltaTarget(Target):
         schema: pa.Schema,
         point: int,
         commit: CommitProperties,
+        keep_missing: bool = False,
     ) -> bool:
         diff = diff_by_key(data, rows, keys)
+        if keep_missing:
+            diff = replace(diff, deletes=diff.deletes.slice(0, 0))
         if diff.empty:
             return False
         match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
@@ -615,16 +663,30 @@ class DeltaTarget(Target):
         diff = diff_multiset(data, rows)
         if diff.empty:
             return False
-        if self.mode == "mirror":
-            write_deltalake(
-                table,
-                _conform(rows, schema),
-                mode="overwrite",
-                schema_mode="merge",
-                commit_properties=commit,
-            )
-            return True
         names = rows.column_names
+        held = set(self._schema(table).names)  # (a column new to the target: not compared)
+        match = " AND ".join(
+            f"(t.{_q(n)} IS NOT DISTINCT FROM s.{_q(n)})" for n in names if n in held
+        )
+        if self.mode == "mirror":
+            # a row with copies too many: every copy goes, and as many as the source has
+            # come back (MERGE cannot delete some of several identical rows); the rest stay
+            whole = data.select(names)
+            rows_of = [hashable(tuple(r.values())) for r in whole.to_pylist()]
+            counts = Counter(rows_of)
+            back = [i for i, gone in diff.surplus.items() for _ in range(counts[rows_of[i]] - gone)]
+            surplus = whole.take(pa.array(list(diff.surplus), pa.int64()))
+            returning = whole.take(pa.array(back, pa.int64()))
+            source = pa.concat_tables(
+                [
+                    _with_action(_conform(surplus, schema), "delete"),
+                    _with_action(_conform(returning, schema), "insert"),
+                    _with_action(_conform(diff.additions, schema), "insert"),
+                ]
+            )
+            deleting = f"{match} AND s.{_q(ACTION)} = 'delete'"
+            self._merge_copies(table, source, deleting, schema, commit)
+            return True
         values = data.select(names).to_pylist()
         starts = data.column(START_AT).to_pylist()
         copies: dict[Any, list[int]] = {}
@@ -651,8 +713,34 @@ class DeltaTarget(Target):
                 _with_action(_conform(added, schema), "insert"),
             ]
         )
-        match = " AND ".join(f"(t.{_q(n)} IS NOT DISTINCT FROM s.{_q(n)})" for n in names)
         return self._merge_versions(table, source, match, schema, commit, replace=True)
+
+    def _merge_copies(
+        self,
+        table: DeltaTable,
+        source: pa.Table,
+        match: str,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+    ) -> None:
+        """One MERGE of whole-row copies: "delete" rows remove every copy they match,
+        "insert" rows are added."""
+        (
+            table.merge(
+                source,
+                match,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=not set(schema.names) <= set(self._schema(table).names),
+                commit_properties=commit,
+            )
+            .when_matched_delete()
+            .when_not_matched_insert(
+                {_q(n): f"s.{_q(n)}" for n in schema.names},
+                predicate=f"s.{_q(ACTION)} = 'insert'",
+            )
+            .execute()
+        )
 
     def _merge_versions(
         self,
@@ -685,6 +773,10 @@ class DeltaTarget(Target):
         ).execute()
         return True
 
+    def recorded_columns(self) -> tuple[ColumnInfo, ...] | None:
+        table = self._open()
+        return None if table is None else _recorded(self._last_commit(table))
+
     def copied_chunks(self, point: int) -> dict[str, int]:
         table = self._open()
         if table is None:
@@ -716,12 +808,19 @@ class DeltaTarget(Target):
         shape = bulk.shape
         first = Change((0, 0), "insert", shape, None, None, None, (), rows.column("lsn")[0].as_py())
         source = self._check_source(table, [first])
-        evolution, before = self._schema_change(table, last, [first], source)
+        table, recorded = self._follow_columns(table, last, [shape])
+        self._latest = shape
+        evolution, before = self._schema_change(table, recorded.recorded, [first], source)
         schema = evolution.schema
         commit = self._commit(high, shape)
         columns = TextColumns(self._builder(shape).relation, self.registry, self.options, source)
         names = [c.name for c in shape.columns]
-        upserts = columns.batch([bulk.upserts[n] for n in names], bulk.upsert_rows)
+        try:
+            upserts = columns.batch([bulk.upserts[n] for n in names], bulk.upsert_rows)
+        except ValueOutOfRange as exc:
+            if exc.row is None or bulk.upsert_lsns is None:
+                raise
+            raise exc.located(lsn=Lsn(bulk.upsert_lsns[exc.row].as_py() or 0)) from None
         deletes = pa.table(
             {
                 n: columns.column(i, bulk.deletes[n])[0]
@@ -765,9 +864,7 @@ class DeltaTarget(Target):
         """A batch's last commit: the watermark, and the columns of the relation as of the
         batch's last change, with their types (the next batch tells added and retyped columns
         by them)."""
-        columns = _recorded_columns(
-            (c.name, c.type_oid, c.type_modifier, c.key) for c in shape.columns
-        )
+        columns = _recorded_columns(shape.columns)
         return CommitProperties(
             app_transactions=[Transaction(self.app_id, high)],
             custom_metadata={_COLUMNS: columns},
@@ -832,8 +929,44 @@ class DeltaTarget(Target):
         schema = self._builder(shape).schema
         return [f for f in schema if f.name != UNCHANGED_TOAST_COLUMN]
 
+    def _follow_columns(
+        self, table: DeltaTable | None, last: dict[str, Any], shapes: list[Shape]
+    ) -> tuple[DeltaTable | None, Naming]:
+        """Columns followed by what they are (`pgcdc.targets.naming`): the target's columns
+        renamed, and those whose names other columns took removed, in one commit without a
+        watermark that records the columns as renamed (done again after a crash, it finds
+        nothing to do)."""
+        recorded = None if table is None else _recorded(last)
+        existing = [] if table is None else _data_schema(self._schema(table)).names
+        naming = plan_naming(recorded, existing, shapes)
+        if table is None or not naming.changes_target:
+            return table, naming
+        data = self._query(table, "SELECT * FROM t", self._schema(table))
+        data = data.drop_columns(list(naming.removed))
+        data = data.rename_columns([naming.renames.get(n, n) for n in data.column_names])
+        assert naming.recorded is not None
+        metadata = {_COLUMNS: _recorded_columns(naming.recorded)}
+        write_deltalake(
+            table,
+            data,
+            mode="overwrite",
+            schema_mode="overwrite",
+            commit_properties=CommitProperties(custom_metadata=metadata),
+        )
+        log.info(
+            "%s: columns renamed (%s) and removed (%s) as the source's",
+            self.path,
+            ", ".join(f"{a} to {b}" for a, b in naming.renames.items()) or "none",
+            ", ".join(sorted(naming.removed)) or "none",
+        )
+        return self._load(), naming
+
     def _schema_change(
-        self, table: DeltaTable | None, last: dict[str, Any], changes: list[Change], source: str
+        self,
+        table: DeltaTable | None,
+        recorded: tuple[ColumnInfo, ...] | None,
+        changes: list[Change],
+        source: str,
     ) -> tuple[_Evolution, dict[str, tuple[ColumnFill, Shape]]]:
         """The schema the batch's rows need (`_evolve`), and the fills of the columns the
         target's rows need before the batch is written (`_resolve_fills`)."""
@@ -845,12 +978,13 @@ class DeltaTarget(Target):
         prior: list[str] | None = None
         prior_types: dict[str, tuple[int, int]] = {}
         if current is not None:
-            recorded = json.loads(last.get(_COLUMNS) or "null")
             if recorded is None:
                 prior = [n for n in current.names if n not in (START_AT, END_AT)]
-            else:  # [name, type OID, type modifier], or (older tables) names only
-                prior = [c if isinstance(c, str) else c[0] for c in recorded]
-                prior_types = {c[0]: (c[1], c[2]) for c in recorded if not isinstance(c, str)}
+            else:
+                prior = [c.name for c in recorded]
+                prior_types = {
+                    c.name: (c.type_oid, c.type_modifier) for c in recorded if c.type_oid
+                }
         added = added_columns(prior, shapes)
         evolution = self._evolve(current, steps, source, set(added), prior_types)
         return evolution, self._resolve_fills(prior, added, evolution.retyped)
@@ -901,6 +1035,11 @@ class DeltaTarget(Target):
                     and not self._follows(previous, f.type)
                 ):
                     pass  # the source changed the type, its values cannot be cast: retyped
+                elif _reshaped(old, f.type):  # a composite's attributes added or dropped
+                    types[f.name] = f.type
+                    if f.name not in added:
+                        widened.add(f.name)
+                    continue
                 elif _same(old, f.type) or _widens(f.type, old):
                     continue
                 elif _widens(old, f.type):
@@ -909,8 +1048,10 @@ class DeltaTarget(Target):
                     if f.name not in added:
                         widened.add(f.name)
                     continue
-                elif previous is not None:
+                elif previous is not None and previous != source_type:
                     continue  # the table is ahead of the batch (see above)
+                # else the same type, described anew (a composite's attribute renamed or
+                # dropped): retyped, its values read again
                 if f.name in readded or self._retypable(shape, f.name):
                     _check_storable(source, f)
                     types[f.name] = f.type
@@ -973,7 +1114,8 @@ class DeltaTarget(Target):
         data = _conform(data, schema)
         for column, (fill, shape) in fills.items():
             keys = data.select(list(shape.key_names)) if fill.rows is not None else data.select([])
-            values = fill_values(self._builder(shape), column, fill, keys)
+            latest = self._builder(self._latest) if self._latest is not None else None
+            values = fill_values(self._builder(shape), column, fill, keys, latest)
             if self.mode == "history":
                 current = pc.is_null(data.column(END_AT))
                 before = ended.get(column, pa.nulls(len(values), values.type))
@@ -1491,17 +1633,65 @@ def _seq(seq: Seq | None) -> dict[str, int] | None:
     return None if seq is None else {"commit_lsn": seq[0], "ordinal": seq[1]}
 
 
-def _recorded_columns(columns: Iterable[tuple[str, int, int, bool]]) -> str:
-    """The `_COLUMNS` commit metadata: [name, type OID, type modifier, key] per column."""
-    return json.dumps([list(c) for c in columns])
+def _recorded_columns(columns: Iterable[ColumnInfo]) -> str:
+    """The `_COLUMNS` commit metadata: [name, type OID, type modifier, key, attnum] per
+    column."""
+    return json.dumps([[c.name, c.type_oid, c.type_modifier, c.key, c.attnum] for c in columns])
 
 
-def _recorded_keys(last: dict[str, Any]) -> tuple[str, ...] | None:
-    """The key columns recorded with the last batch (None: not recorded)."""
+def _recorded(last: dict[str, Any]) -> tuple[ColumnInfo, ...] | None:
+    """The relation's columns recorded with the last batch (None: not recorded). Older
+    tables recorded fewer fields (names only, then no key flag, then no attnum)."""
     recorded = json.loads(last.get(_COLUMNS) or "null")
-    if recorded is None or any(isinstance(c, str) or len(c) < 4 for c in recorded):
+    if recorded is None:
         return None
-    return tuple(c[0] for c in recorded if c[3])
+    columns = []
+    for entry in recorded:
+        fields: list[Any] = [entry] if isinstance(entry, str) else list(entry)
+        name, type_oid, modifier, key, attnum = [*fields, 0, -1, None, 0][:5]
+        columns.append(ColumnInfo(str(name), int(type_oid), int(modifier), bool(key), int(attnum)))
+    return tuple(columns)
+
+
+def _recorded_keys(recorded: tuple[ColumnInfo, ...] | None) -> tuple[str, ...] | None:
+    """The key columns recorded with the last batch (None: not recorded)."""
+    if recorded is None or not recorded or any(c.type_oid == 0 for c in recorded):
+        return None
+    return tuple(c.name for c in recorded if c.key)
+
+
+def _renamed(changes: list[Change], naming: Naming) -> list[Change]:
+    """The changes with their columns named as `naming` says (a value left out, gone)."""
+    if all(naming.shape(s) is s for s in naming.names):
+        return changes
+    shapes = {shape: naming.shape(shape) for shape in naming.names}
+    out = []
+    for change in changes:
+        names = naming.names[change.shape]
+        if shapes[change.shape] is change.shape:
+            out.append(change)
+            continue
+        unchanged = tuple(n for c in change.unchanged if (n := names.get(c, c)) is not None)
+        out.append(
+            replace(
+                change,
+                shape=shapes[change.shape],
+                key=_rename(change.key, names),
+                before=_rename(change.before, names),
+                after=_rename(change.after, names),
+                unchanged=unchanged,
+            )
+        )
+    return out
+
+
+def _rename(
+    values: dict[str, str | None] | None, names: dict[str, str | None]
+) -> dict[str, str | None] | None:
+    """A row image's values under their new names (None: left out)."""
+    if values is None:
+        return None
+    return {new: v for k, v in values.items() if (new := names.get(k, k)) is not None}
 
 
 def _same_type(a: Shape, b: Shape, column: str) -> bool:

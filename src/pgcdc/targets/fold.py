@@ -62,6 +62,7 @@ Text = dict[str, str | None]
 _OPS = frozenset({"insert", "update", "delete", "truncate"})
 _READ = ("commit_lsn", "ordinal", "op", "key", "before", "after", "unchanged_toast", "lsn")
 _SHAPE_FIELDS = ("schema", "table", "relation_oid", "replica_identity")
+_COLUMN_FIELDS = ("name", "type_oid", "type_modifier", "key", "attnum")
 
 
 @dataclass(slots=True)
@@ -104,7 +105,9 @@ def single_shape(rows: pa.Table) -> bool:
     flat = pc.list_flatten(columns)
     first = flat.slice(0, count)
     every = pa.array(np.tile(np.arange(count), len(columns)))
-    for name in ("name", "type_oid", "type_modifier", "key"):
+    for name in _COLUMN_FIELDS:
+        if flat.type.get_field_index(name) < 0:  # an envelope from before attnums
+            continue
         field = pc.struct_field(flat, name)
         if not pc.all(pc.equal(field, pc.struct_field(first, name).take(every))).as_py():
             return False
@@ -117,7 +120,7 @@ def _fingerprints(rows: pa.Table) -> list[str]:
     converting their column lists to Python."""
     columns = rows.column("columns").combine_chunks()
     elements = columns.values
-    fields = [elements.field(n) for n in ("name", "type_oid", "type_modifier", "key")]
+    fields = [elements.field(n) for n in _COLUMN_FIELDS if elements.type.get_field_index(n) >= 0]
     text = [pc.cast(f, pa.string()) for f in fields]
     joined = pc.binary_join_element_wise(*text, "\x1e", null_handling="replace")
     lists = pa.ListArray.from_arrays(columns.offsets, joined, mask=columns.is_null())
@@ -136,6 +139,7 @@ def _shape(rows: pa.Table, i: int) -> Shape:
             int(c["type_oid"]),
             -1 if c["type_modifier"] is None else int(c["type_modifier"]),
             bool(c["key"]),
+            int(c.get("attnum") or 0),
         )
         for c in rows.column("columns")[i].as_py() or ()
     )

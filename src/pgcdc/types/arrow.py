@@ -252,6 +252,7 @@ class ArrowBatchBuilder:
                             table=self.table,
                             column=self._names[i],
                             value=self._excerpt(i, _T, data),
+                            row=position,
                         ) from None
                     cells.append(None)
                     nulled.append(position)

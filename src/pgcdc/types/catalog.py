@@ -19,9 +19,10 @@ as data to wherever values are typed (a Spark task never reaches for a catalog);
 * any other type (e.g. an extension's base type): its text as a ``str``, and `UnknownBinary`
   in binary mode.
 
-Descriptions are the catalog as it was when they were read; a type altered later (an attribute
-added, say) is described again (`pgcdc.types.catalog.StaleType` says which, when a value does
-not fit its description). `resolve` adds what a registry lacks straight from a catalog.
+Descriptions are the catalog as it was when they were read; a composite type altered later
+(an attribute added, say) is described again by `TypeCatalog`, and a value printed before the
+change still reads (`composite_codec`); one that does not fit is a `StaleType`. `resolve` adds
+what a registry lacks straight from a catalog.
 """
 
 from __future__ import annotations
@@ -94,71 +95,97 @@ def composite_codec(
     *,
     array_oid: int | None = None,
     delimiter: str = ",",
+    dropped: Sequence[int] = (),
 ) -> TypeCodec:
     """A composite type with attributes `fields` (name, codec) in order. In binary mode a field
     whose type OID differs from its codec's (the attribute's type was altered) is read with
-    `registry`'s codec for the OID sent."""
+    `registry`'s codec for the OID sent.
+
+    A value printed before the type was altered has another number of fields: fewer when
+    attributes were added since (``ADD ATTRIBUTE`` appends; the others are NULL, as the
+    server reads such a stored value), more when some were dropped since: `dropped` are
+    their places among all the attributes (dropped ones included, in attnum order), and
+    their values are left out. Any other count is a `StaleType`: the description is older
+    than the value."""
     names = [f for f, _ in fields]
     text_parsers = [c.from_text for _, c in fields]
     binary_parsers: list[tuple[int, Callable[[bytes], Any]]] = [
         (c.oid, c.from_binary or _unknown_binary(c.oid)) for _, c in fields
     ]
     count = len(fields)
+    every = count + len(dropped)
+    #: Per field of a value with every attribute: its place among the live ones (None: gone).
+    places: list[int | None] = []
+    for position in range(every):
+        places.append(
+            None if position in dropped else position - sum(d < position for d in dropped)
+        )
+
+    def layout(sent: int, data: bytes) -> list[int | None]:
+        """For each field of a value with `sent` fields, the live attribute it is."""
+        if sent <= count:
+            return list(range(sent))
+        if dropped and sent == every:
+            return places
+        raise StaleType(
+            f"{name} value has {sent} fields, the catalog says {count}: {data[:200]!r}", oid
+        )
 
     def from_text(data: bytes) -> dict[str, Any]:
         if data[:1] != b"(" or data[-1:] != b")":
             raise ValueDecodeError(f"invalid {name} text {data[:200]!r}")
         end = len(data) - 1
-        values: dict[str, Any] = {}
+        if not count and not dropped and end == 1:
+            return {}  # a type without attributes: "()"
+        raws: list[bytes | None] = []
         i = 1
         find = data.find
         try:
-            for k in range(count):
-                if k:
-                    if data[i] != 0x2C:  # ','
-                        raise StaleType(f"{name} text has too few fields: {data[:200]!r}", oid)
-                    i += 1
+            while True:
                 c = data[i]
                 if c == 0x22:  # '"'
                     raw, i = unquote(data, i, doubled=True)
-                    values[names[k]] = text_parsers[k](raw)
+                    raws.append(raw)
                 elif c == 0x2C or i == end:  # an empty field is NULL
-                    values[names[k]] = None
+                    raws.append(None)
                 else:
                     j = find(b",", i)
                     if j < 0 or j > end:
                         j = end
-                    values[names[k]] = text_parsers[k](data[i:j])
+                    raws.append(data[i:j])
                     i = j
+                if i == end:
+                    break
+                if data[i] != 0x2C:  # ','
+                    raise ValueDecodeError(f"invalid {name} text {data[:200]!r}")
+                i += 1
         except IndexError:
             raise ValueDecodeError(f"truncated {name} text {data[:200]!r}") from None
-        if i != end:
-            raise StaleType(f"{name} text has more than {count} fields: {data[:200]!r}", oid)
+        values: dict[str, Any] = dict.fromkeys(names)
+        for cell, k in zip(raws, layout(len(raws), data), strict=True):
+            if k is not None and cell is not None:
+                values[names[k]] = text_parsers[k](cell)
         return values
 
     def from_binary(data: bytes) -> dict[str, Any]:
         try:
             (sent,) = _INT32.unpack_from(data)
-            if sent != count:
-                raise StaleType(
-                    f"{name} binary has {sent} fields, the catalog said {count} (type altered?)",
-                    oid,
-                )
-            values: dict[str, Any] = {}
+            values: dict[str, Any] = dict.fromkeys(names)
             pos = 4
-            for k in range(count):
+            for k in layout(sent, data):
                 type_oid, length = _FIELD.unpack_from(data, pos)
                 pos += 8
                 if length < 0:
-                    values[names[k]] = None
+                    continue
+                pos += length
+                if pos > len(data):
+                    raise ValueDecodeError(f"{name} binary field runs past the end")
+                if k is None:
                     continue
                 expected, parse = binary_parsers[k]
                 if type_oid != expected:
                     codec = registry.get(type_oid)
                     parse = codec.from_binary or _unknown_binary(type_oid)
-                pos += length
-                if pos > len(data):
-                    raise ValueDecodeError(f"{name} binary field runs past the end")
                 values[names[k]] = parse(data[pos - length : pos])
         except struct.error:
             raise ValueDecodeError(f"truncated {name} binary {data[:64].hex()}") from None
@@ -218,10 +245,11 @@ SELECT t.oid::int8,
        (SELECT r.rngsubtype::int8 FROM pg_catalog.pg_range r WHERE r.rngtypid = t.oid),
        (SELECT r.rngtypid::int8 FROM pg_catalog.pg_range r
         WHERE t.typtype = 'm' AND (pg_catalog.to_jsonb(r) ->> 'rngmultitypid')::oid = t.oid),
-       ARRAY(SELECT ARRAY[a.attnum::text, a.attname::text, a.atttypid::text, a.atttypmod::text]
+       ARRAY(SELECT ARRAY[a.attnum::text, a.attname::text, a.atttypid::text, a.atttypmod::text,
+                          a.attisdropped::text]
              FROM pg_catalog.pg_attribute a
              WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0
-               AND NOT a.attisdropped ORDER BY a.attnum),
+             ORDER BY a.attnum),
        ARRAY(SELECT e.enumlabel::text FROM pg_catalog.pg_enum e
              WHERE t.typtype = 'e' AND e.enumtypid = t.oid ORDER BY e.enumsortorder)
 FROM wanted w
@@ -231,12 +259,14 @@ JOIN pg_catalog.pg_type t ON t.oid = w.oid
 
 @dataclass(frozen=True, slots=True)
 class CompositeField:
-    """One attribute of a composite type, as ``pg_attribute`` has it."""
+    """One attribute of a composite type, as ``pg_attribute`` has it (a dropped one too: the
+    values printed before it was dropped have it)."""
 
     attnum: int
     name: str
     type_oid: int
     type_modifier: int = -1
+    dropped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +296,8 @@ class TypeDescription:
     def depends_on(self) -> tuple[int, ...]:
         """The OIDs this type's values are built of."""
         found = (self.element_oid, self.base_oid, self.subtype_oid, self.range_oid)
-        return tuple(o for o in found if o is not None) + tuple(f.type_oid for f in self.fields)
+        attributes = tuple(f.type_oid for f in self.fields if not f.dropped)
+        return tuple(o for o in found if o is not None) + attributes
 
 
 def describe_types(catalog: CatalogQuery, oids: Iterable[int]) -> dict[int, TypeDescription]:
@@ -290,7 +321,10 @@ def describe_types(catalog: CatalogQuery, oids: Iterable[int]) -> dict[int, Type
             -1 if base_mod is None else int(base_mod),
             subtype,
             range_oid,
-            tuple(CompositeField(int(n), a, int(t), int(m)) for n, a, t, m in attributes or ()),
+            tuple(
+                CompositeField(int(n), a, int(t), int(m), dropped == "true")
+                for n, a, t, m, dropped in attributes or ()
+            ),
             tuple(labels or ()),
         )
     return found
@@ -389,9 +423,10 @@ def add_descriptions(registry: TypeRegistry, descriptions: Mapping[int, TypeDesc
         elif d.typtype == "e":
             codec = enum_codec(oid, name, array_oid=array_oid)
         elif d.typtype == "c":
-            fields = [(f.name, build(f.type_oid)) for f in d.fields]
+            fields = [(f.name, build(f.type_oid)) for f in d.fields if not f.dropped]
+            dropped = [i for i, f in enumerate(d.fields) if f.dropped]
             codec = composite_codec(
-                oid, name, fields, registry, array_oid=array_oid, delimiter=delim
+                oid, name, fields, registry, array_oid=array_oid, delimiter=delim, dropped=dropped
             )
         elif d.typtype == "r" and d.subtype_oid is not None:
             build(d.subtype_oid)
@@ -433,19 +468,28 @@ class TypeCatalog:
         self.known = TypeDescriptions()
 
     def describe(self, oids: Iterable[int]) -> TypeDescriptions:
-        """The descriptions `oids` need (built-in types need none), read if not known yet."""
+        """The descriptions `oids` need (built-in types need none), read if not known yet.
+        Composite types are read again each time (``ALTER TYPE … ADD ATTRIBUTE`` sends
+        nothing a stream sees): the descriptions are never older than the values typed."""
         wanted = set(oids)
         missing = [o for o in wanted if o not in self.known and o not in self.registry]
         if missing:
             self._learn(describe_types(self.catalog, missing))
-        return self.known.closure(wanted)
+        found = self.known.closure(wanted)
+        composites = [d.oid for d in found.values() if d.typtype == "c"]
+        if composites:
+            fresh = describe_types(self.catalog, composites)
+            if any(self.known.get(oid) != d for oid, d in fresh.items()):
+                self._rebuild(fresh)
+                found = self.known.closure(wanted)
+        return found
 
-    def refresh(self, oids: Iterable[int]) -> None:
-        """Read the descriptions of `oids` (and what they are built on) again: they changed.
-        The registry is built anew (types built on them, a domain or an array, change too)."""
+    def _rebuild(self, fresh: dict[int, TypeDescription]) -> None:
+        """Take `fresh` descriptions; the registry is built anew (types built on them, a
+        domain or an array, change too)."""
         from pgcdc.types.registry import DEFAULT_REGISTRY
 
-        self.known = self.known.merged(describe_types(self.catalog, oids).values())
+        self.known = self.known.merged(fresh.values())
         self.registry = DEFAULT_REGISTRY.copy()
         add_descriptions(self.registry, self.known)
 

@@ -1,0 +1,93 @@
+"""The pipeline's record of its slot (``<state>/slot.json``): which system and timeline it
+streams from and the furthest position it ever let the slot move to, written (durably) before
+the slot is told. `pgcdc.pipeline.startup.judge_slot` compares a slot with it: a slot of the
+same name confirmed past the record was created anew or moved by someone else."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from pgcdc.errors import PgcdcError
+from pgcdc.pipeline.startup import SlotRecord
+from pgcdc.protocol import Lsn
+
+__all__ = ["SlotLineage"]
+
+
+class SlotLineage:
+    """Reads and writes ``slot.json`` (thread-safe: the replication thread advances it)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._record: SlotRecord | None = None
+        self._loaded = False
+
+    def load(self) -> SlotRecord | None:
+        with self._lock:
+            return self._load()
+
+    def _load(self) -> SlotRecord | None:
+        if not self._loaded:
+            self._loaded = True
+            if self.path.exists():
+                try:
+                    data = json.loads(self.path.read_text())
+                    self._record = SlotRecord(
+                        str(data["slot"]),
+                        data.get("system"),
+                        data.get("timeline"),
+                        Lsn.parse(data["confirmed"]),
+                    )
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    raise PgcdcError(f"{self.path}: unreadable slot record ({exc})") from None
+        return self._record
+
+    def created(self, slot: str, system: str | None, timeline: int | None, point: Lsn) -> None:
+        """The pipeline created `slot`, consistent at `point`."""
+        with self._lock:
+            self._load()
+            self._save(SlotRecord(slot, system, timeline, Lsn(point)))
+
+    def streaming(self, slot: str, system: str | None, timeline: int | None) -> None:
+        """A session streams from `slot` on `system`, `timeline` (after a failover to a
+        standby whose copy of the slot was synchronized: another timeline)."""
+        with self._lock:
+            record = self._load()
+            confirmed = Lsn(0) if record is None or record.slot != slot else record.confirmed
+            new = SlotRecord(slot, system, timeline, confirmed)
+            if new != record:
+                self._save(new)
+
+    def advance(self, slot: str, lsn: Lsn) -> None:
+        """The slot is about to be confirmed up to `lsn`: recorded first (durably)."""
+        with self._lock:
+            record = self._load()
+            if record is not None and record.slot == slot and lsn <= record.confirmed:
+                return
+            system, timeline = (None, None) if record is None else (record.system, record.timeline)
+            self._save(SlotRecord(slot, system, timeline, Lsn(lsn)))
+
+    def _save(self, record: SlotRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "slot": record.slot,
+            "system": record.system,
+            "timeline": record.timeline,
+            "confirmed": str(record.confirmed),
+        }
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as out:
+            out.write(json.dumps(data))
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._record = record

@@ -1,0 +1,65 @@
+"""`resolve_attnums`: what each column of a Relation message is, from the catalog of now and
+the relation's previous version (no server: the catalog as data)."""
+
+from __future__ import annotations
+
+from pgcdc.pipeline.columns import Attribute, resolve_attnums
+
+INT, TEXT, BIGINT = 23, 25, 20
+
+
+def att(attnum: int, name: str, type_oid: int = INT, *, dropped: bool = False) -> Attribute:
+    if dropped:
+        return Attribute(attnum, f"........pg.dropped.{attnum}........", 0, -1, dropped=True)
+    return Attribute(attnum, name, type_oid, -1)
+
+
+def msg(*columns: tuple[str, int]) -> list[tuple[str, int, int]]:
+    return [(name, type_oid, -1) for name, type_oid in columns]
+
+
+def test_the_catalog_of_now_is_the_messages() -> None:
+    # two names swapped (a -> tmp, b -> a, tmp -> b): the message lists them in attnum order
+    catalog = [att(1, "id"), att(2, "b"), att(3, "a")]
+    assert resolve_attnums(msg(("id", INT), ("b", INT), ("a", INT)), catalog) == (1, 2, 3)
+    # DROP c; ADD c bigint: the same name, another column
+    catalog = [att(1, "id"), att(2, "b"), att(3, "", dropped=True), att(4, "c", BIGINT)]
+    assert resolve_attnums(msg(("id", INT), ("b", INT), ("c", BIGINT)), catalog) == (1, 2, 4)
+    # DROP a; RENAME b TO a
+    catalog = [att(1, "id"), att(2, "", dropped=True), att(3, "a")]
+    assert resolve_attnums(msg(("id", INT), ("a", INT)), catalog) == (1, 3)
+
+
+def test_a_catalog_ahead_of_the_message_is_read_from_the_previous_version() -> None:
+    previous = [(1, ("id", INT, -1)), (2, ("a", INT, -1)), (3, ("b", TEXT, -1))]
+    # the message: b dropped, c added; since then: a renamed to z, c dropped, d added
+    catalog = [att(1, "id"), att(2, "z"), att(3, "", dropped=True), att(4, "", dropped=True)]
+    catalog.append(att(5, "d"))
+    assert resolve_attnums(msg(("id", INT), ("a", INT), ("c", INT)), catalog, previous) == (
+        1,
+        2,
+        4,
+    )
+    # the message: only a rename of a (to x), a later one to z: same columns
+    assert resolve_attnums(msg(("id", INT), ("x", INT), ("b", TEXT)), catalog, previous) == (
+        1,
+        2,
+        3,
+    )
+    # the same names and types as before, the catalog since DROP c; ADD c; ADD later: the
+    # message may have come before the DDL or after it; the likelier story is the one with
+    # the fewest changes (a message sent again after the DDL while the catalog was still the
+    # message's is resolved by the catalog: the first test)
+    previous = [(1, ("id", INT, -1)), (2, ("c", INT, -1))]
+    catalog = [att(1, "id"), att(2, "", dropped=True), att(3, "c"), att(4, "later")]
+    assert resolve_attnums(msg(("id", INT), ("c", INT)), catalog, previous) == (1, 2)
+    # a column renamed and retyped is the likelier story only when nothing else fits
+    previous = [(1, ("id", INT, -1)), (2, ("v", TEXT, -1))]
+    catalog = [att(1, "id"), att(2, "", dropped=True), att(3, "", dropped=True)]
+    assert resolve_attnums(msg(("id", INT), ("w", INT)), catalog, previous) == (1, 3)
+
+
+def test_a_relation_seen_first_with_a_catalog_ahead_is_matched_by_name() -> None:
+    catalog = [att(1, "id"), att(2, "w"), att(3, "v", TEXT)]
+    assert resolve_attnums(msg(("id", INT), ("v", INT)), catalog) == (1, 3)
+    assert resolve_attnums(msg(("id", INT), ("gone", INT)), catalog) == (1, 0)

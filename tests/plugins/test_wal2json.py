@@ -3,25 +3,32 @@
 Each workload runs on a fresh database with a publication FOR ALL TABLES and two slots that
 start at the same point: a pgoutput slot and a wal2json copy of it. Both are only peeked, so
 one workload is compared under many option sets: the server plugin's rows
-(``pg_logical_slot_peek_changes`` in a session with the settings pgcdc pins in its walsender
-session) are the oracle, pgcdc's writes (PluginRunner on the pgoutput slot, not acknowledging)
-the candidate. Writes are compared one for one: parsed where they are whole JSON documents,
-and as exact text always.
+(``pg_logical_slot_peek_binary_changes`` in a session with the settings pgcdc pins in its
+walsender session; ``pg_recvlogical`` for options without a value) are the oracle, pgcdc's
+writes (PluginRunner on the pgoutput slot, not acknowledging) the candidate. Writes are
+compared one for one: parsed where they are whole JSON documents, and as exact bytes always.
+The database's own session defaults (`OTHER_DEFAULTS`: time zone, DateStyle, IntervalStyle,
+extra_float_digits, bytea_output) differ from the settings pgcdc pins, so anything pgcdc prints
+in a session of its own without pinning them shows.
 
 Only PostgreSQL 15 has wal2json here; the comparisons skip elsewhere. What pgoutput cannot show
 (see the plugin's docstring) is kept out: tables are created before the slots, with autovacuum
-off, so that no empty transaction lands in the compared range. The unit tests at the end feed
-hand-made changes and run everywhere.
+off and the catalogs analyzed, so that no empty transaction lands in the compared range. The
+unit tests at the end feed hand-made changes and hand-built pgoutput bytes, and run everywhere.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgcdc.decoding import (
@@ -32,7 +39,9 @@ from pgcdc.decoding import (
     OutputWrite,
     PluginRunner,
     Transaction,
+    TransactionAssembler,
     Truncation,
+    parse_bool_option,
 )
 from pgcdc.embedded import Database
 from pgcdc.errors import PluginError, PluginOptionError
@@ -43,15 +52,23 @@ from pgcdc.plugins.wal2json import (
     parse_select_tables,
     split_list,
 )
-from pgcdc.protocol import Column, Lsn, Relation, TupleData
+from pgcdc.protocol import Column, Decoder, Lsn, Relation, TupleData
 from pgcdc.replication import DEFAULT_SESSION_SETTINGS, StreamOptions
-from replication.helpers import unique
+from replication.helpers import run_cli, unique
 
 NO_AUTOVACUUM = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
 #: A value TOASTed out of line: hex digits do not compress.
 BIG = "(SELECT string_agg(md5(g::text), '') FROM generate_series({0}, {0} + 99) g)"
 
-Options = dict[str, str]
+Options = dict[str, str | None]
+#: Session defaults of the compared databases, none of them the value pgcdc pins.
+OTHER_DEFAULTS = {
+    "TimeZone": "Asia/Kolkata",
+    "DateStyle": "SQL, DMY",
+    "IntervalStyle": "iso_8601",
+    "extra_float_digits": "0",
+    "bytea_output": "escape",
+}
 
 
 # -- the oracle and the candidate ------------------------------------------------------------
@@ -83,29 +100,67 @@ class Workload:
     run: Callable[[Database], None]
 
 
-def server_rows(pg: Database, slot: str, options: Options) -> list[str]:
-    """wal2json's rows over SQL, with the walsender's pinned settings; the slot stays put."""
+def server_rows(pg: Database, slot: str, options: Options) -> list[bytes]:
+    """wal2json's rows with the walsender's pinned settings, as bytes; the slot stays put.
+    Over SQL (the binary variant takes textual plugins too), or through a walsender
+    (`walsender_rows`) when an option has no value, which only the replication protocol
+    can say."""
+    if None in options.values():
+        return walsender_rows(pg, slot, options)
     args = [item for pair in options.items() for item in pair]
     with pg.connect() as conn:
-        for name, value in DEFAULT_SESSION_SETTINGS.items():
-            if name != "client_encoding":
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        for name, value in PINNED.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         rows = conn.execute(
-            "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, VARIADIC %s::text[])",
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+            "VARIADIC %s::text[])",
             (slot, args),
         ).fetchall()
-    return [row[0] for row in rows]
+    return [bytes(row[0]) for row in rows]
 
 
-def pgcdc_rows(pg: Database, slot: str, options: Options) -> list[str]:
-    writes: list[str] = []
+#: The settings pgcdc pins in its walsender session, but the client encoding (UTF8 anyway).
+PINNED = {k: v for k, v in DEFAULT_SESSION_SETTINGS.items() if k != "client_encoding"}
+
+
+class ServerRefused(Exception):
+    """The server refused to start decoding; the message is its error's primary text."""
+
+
+def walsender_rows(pg: Database, slot: str, options: Options) -> list[bytes]:
+    """wal2json's rows through a walsender session with the pinned settings: the server's
+    ``pg_recvlogical`` on a copy of `slot`, up to the current WAL position, one line a row
+    (so no pretty-print). Raises `ServerRefused` with the server's message."""
+    assert options.get("pretty-print") in (None, "0"), "rows are told apart by newlines"
+    copy = unique("w2jw")
+    pg.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (slot, copy))
+    try:
+        end = pg.execute("SELECT pg_current_wal_lsn()::text")[0][0]
+        escaped = {k: v.replace(" ", "\\ ") for k, v in PINNED.items()}  # ("ISO, YMD")
+        settings = " ".join(f"-c {k}={v}" for k, v in escaped.items())
+        command = [str(pg.server.bindir / "pg_recvlogical"), "-d", pg.dsn_for(options=settings)]
+        command += ["-S", copy, "--start", "-E", end, "--no-loop", "-f", "-"]
+        for name, value in options.items():
+            command += ["-o", name if value is None else f"{name}={value}"]
+        result = subprocess.run(command, capture_output=True, timeout=60, check=False)
+    finally:
+        pg.execute("SELECT pg_drop_replication_slot(%s)", (copy,))
+    if result.returncode != 0:
+        error = re.search(rb"ERROR:  (.*)", result.stderr)
+        assert error is not None, result.stderr
+        raise ServerRefused(error.group(1).decode())
+    return result.stdout.split(b"\n")[:-1]
+
+
+def pgcdc_rows(pg: Database, slot: str, options: Options) -> list[bytes]:
+    writes: list[bytes] = []
     runner = PluginRunner(
         pg.dsn,
         slot,
         "wal2json",
         StreamOptions(("pub",)),
         plugin_options=dict(options),
-        sink=lambda write: writes.append(write.data.decode()),
+        sink=lambda write: writes.append(write.data),
         until_idle=True,
         acknowledge=False,
     )
@@ -113,10 +168,26 @@ def pgcdc_rows(pg: Database, slot: str, options: Options) -> list[str]:
     return writes
 
 
+def other_session_defaults(pg: Database) -> None:
+    """Give `pg`'s database `OTHER_DEFAULTS` (for the connections opened from now on)."""
+    for name, value in OTHER_DEFAULTS.items():
+        pg.execute(f"ALTER DATABASE \"{pg.dbname}\" SET {name} = '{value}'")
+
+
+def analyze_catalogs(pg: Database) -> None:
+    """Leave autovacuum no catalog to analyze while a test compares: it analyzes one (a
+    shared one such as pg_database, after many test databases came and went) in whatever
+    database it visits, and the server's plugin shows that transaction (a catalog change)
+    as an empty one, which pgoutput does not send."""
+    pg.execute("ANALYZE")
+
+
 def prepare(pg: Database, workload: Workload) -> tuple[str, str]:
     """Tables, publication, the pgoutput slot and its wal2json copy; then the workload."""
     require_wal2json(pg)
+    other_session_defaults(pg)
     pg.execute(workload.setup)
+    analyze_catalogs(pg)
     pg.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     source, oracle = unique("pgo"), unique("w2j")
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (source,))
@@ -127,8 +198,8 @@ def prepare(pg: Database, workload: Workload) -> tuple[str, str]:
     return source, oracle
 
 
-def assert_same(pg: Database, slots: tuple[str, str], options: Options) -> list[str]:
-    """Equal writes: as JSON where each is a document, and as text; the server's rows."""
+def assert_same(pg: Database, slots: tuple[str, str], options: Options) -> list[bytes]:
+    """Equal writes: as JSON where each is a document, and as bytes; the server's rows."""
     source, oracle = slots
     expected = server_rows(pg, oracle, options)
     got = pgcdc_rows(pg, source, options)
@@ -140,12 +211,13 @@ def assert_same(pg: Database, slots: tuple[str, str], options: Options) -> list[
     return expected
 
 
-def _documents(rows: list[str]) -> list[Any] | None:
+def _documents(rows: list[bytes]) -> list[Any] | None:
     """The rows as JSON, or None where they are not documents: v1's write-in-chunks pieces,
-    and defaults with double quotes (wal2json writes default expressions unescaped)."""
+    defaults with double quotes (wal2json writes default expressions unescaped), v1's comma
+    quirk, content that is not UTF-8."""
     try:
         return [json.loads(r) for r in rows]
-    except json.JSONDecodeError:
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
         return None
 
 
@@ -330,6 +402,16 @@ def messages_run(pg: Database) -> None:
             conn.execute("SELECT pg_logical_emit_message(true, 'bin', '\\x6100ff'::bytea)")
         conn.execute("SELECT pg_logical_emit_message(true, 'app', 'alone')")
         conn.execute("SELECT pg_logical_emit_message(false, 'app', '')")
+    # v1's counter outlives a transaction of two changes: the next messages get a comma
+    pg.execute("INSERT INTO t1 VALUES (20, 'x'), (21, 'y')")
+    pg.execute("SELECT pg_logical_emit_message(false, 'side', 'after two')")
+    # content that is not UTF-8 goes out as its bytes
+    pg.execute(r"SELECT pg_logical_emit_message(false, 'bin', '\xff41'::bytea)")
+    with pg.connect() as conn, conn.transaction():
+        conn.execute(r"SELECT pg_logical_emit_message(true, 'bin', '\x41e9ff22c3'::bytea)")
+        conn.execute("INSERT INTO t2 VALUES (3001)")
+        conn.execute(r"SELECT pg_logical_emit_message(true, 'app', '\xc3a9c328'::bytea)")
+    pg.execute("SELECT pg_logical_emit_message(false, 'side', 'after three')")
     pg.execute(
         "BEGIN; INSERT INTO t1 VALUES (10, 'kept'); SAVEPOINT s; INSERT INTO t1 VALUES (11, 'no');"
         "ROLLBACK TO s; INSERT INTO t1 VALUES (12, 'kept too'); COMMIT"
@@ -359,6 +441,43 @@ def test_truncate_messages_actions(pg: Database) -> None:
             {**V1, "pretty-print": "1", "include-xids": "1", "include-lsn": "1"},
             {**V1, "write-in-chunks": "1", "include-lsn": "1", "add-msg-prefixes": "side"},
             {**V1, "actions": "delete", "filter-msg-prefixes": "app"},
+        ],
+    )
+
+
+DEFAULTS_SETUP = f"""
+CREATE TABLE defaults (
+    id int PRIMARY KEY, at timestamptz DEFAULT now(), today date DEFAULT CURRENT_DATE,
+    fixed timestamptz DEFAULT '2024-01-01 12:00:00.25+02',
+    wall timestamp DEFAULT '2024-03-01 04:05', day date DEFAULT '2024-03-01',
+    span interval DEFAULT '1 day 02:03:04.5',
+    f8 float8 DEFAULT '0.30000000000000004', f4 float4 DEFAULT '1.0000001',
+    raw bytea DEFAULT '\\x0102', n numeric DEFAULT 1.50, arr int[] DEFAULT '{{1,2}}',
+    r tstzrange DEFAULT tstzrange('2024-01-01 00:00+00', NULL), t text DEFAULT 'plain',
+    plain_default int DEFAULT 7, nothing text
+) {NO_AUTOVACUUM};
+"""
+
+
+def defaults_run(pg: Database) -> None:
+    pg.execute("INSERT INTO defaults (id) VALUES (1), (2)")
+    pg.execute("UPDATE defaults SET t = 'changed', span = '-3 mons' WHERE id = 1")
+    pg.execute("DELETE FROM defaults WHERE id = 2")
+
+
+def test_defaults_print_as_the_walsender_session_would(pg: Database) -> None:
+    """include-default: each default as ``pg_get_expr`` prints it under the settings pgcdc
+    pins (UTC, ISO, postgres intervals, extra_float_digits 3, hex bytea), on a database whose
+    own session defaults are other ones (`OTHER_DEFAULTS`); the values too."""
+    check_all(
+        pg,
+        Workload(DEFAULTS_SETUP, defaults_run),
+        [
+            {**V1, "include-default": "1"},
+            {**V1, "include-default": "1", "pretty-print": "1", "include-types": "0"},
+            {**V1, "include-default": "1", "write-in-chunks": "1", "include-not-null": "1"},
+            {**V2, "include-default": "1"},
+            {**V2, "include-default": "1", "include-pk": "1", "include-column-positions": "1"},
         ],
     )
 
@@ -443,6 +562,59 @@ def test_origins(pg: Database) -> None:
         pg.execute("SELECT pg_replication_origin_drop('w2j_origin')")
 
 
+#: Commit times a replication origin's timestamp can give (any timestamptz): years past
+#: 9999, BC, the ends of the range, the infinities.
+COMMIT_TIMES = [
+    "12000-01-01 00:00:00.5+00",
+    "4000-01-01 12:00:00 BC",
+    "0001-01-01 00:00:00+00 BC",
+    "0001-12-31 23:59:59.999999+00 BC",
+    "4714-11-24 00:00:00+00 BC",
+    "294276-12-31 23:59:59.999999+00",
+    "infinity",
+    "-infinity",
+    "1999-12-31 23:59:59.000001+00",
+    "9999-12-31 23:59:59.999999+00",
+    "10000-01-01 00:00:00+00",
+]
+
+
+def test_commit_times_beyond_datetime(pg: Database) -> None:
+    """include-timestamp with commit times Python's datetime cannot hold. A commit made in a
+    session with a replication origin takes the time the session gives it
+    (``pg_replication_origin_xact_setup``) as its commit time, in the WAL, in wal2json and in
+    pgoutput's Begin alike."""
+    require_wal2json(pg)
+    pg.execute("SELECT pg_replication_origin_create('w2j_clock')")
+
+    def run(db: Database) -> None:
+        with db.connect() as conn:
+            conn.execute("SELECT pg_replication_origin_session_setup('w2j_clock')")
+            for i, at in enumerate(COMMIT_TIMES):
+                with conn.transaction():
+                    conn.execute("SELECT pg_replication_origin_xact_setup('0/1', %s)", (at,))
+                    conn.execute("INSERT INTO t1 VALUES (%s, %s)", (i, at))
+                    conn.execute("SELECT pg_logical_emit_message(true, 'clock', %s)", (at,))
+            conn.execute("SELECT pg_replication_origin_session_reset()")
+
+    timestamps = {"include-timestamp": "1"}
+    try:
+        check_all(
+            pg,
+            Workload(MESSAGES_SETUP, run),
+            [
+                {**V2, **timestamps},
+                {**V2, **timestamps, "include-xids": "1", "include-origin": "1"},
+                {**V2, **timestamps, "include-transaction": "0"},
+                {**V1, **timestamps},
+                {**V1, **timestamps, "pretty-print": "1", "include-origin": "1"},
+                {**V1, **timestamps, "write-in-chunks": "1", "include-lsn": "1"},
+            ],
+        )
+    finally:
+        pg.execute("SELECT pg_replication_origin_drop('w2j_clock')")
+
+
 def test_prepared_transaction(pg: Database) -> None:
     """A prepared transaction comes out at COMMIT PREPARED as an ordinary one on both sides."""
     require_wal2json(pg)
@@ -482,30 +654,121 @@ def test_known_differences(pg: Database) -> None:
     assert [json.loads(w) for w in pgcdc_rows(pg, source, V2)] == server
 
 
+#: Option sets the server refuses; each is refused by pgcdc with the server's message.
+REFUSED: list[Options] = [
+    {"format-version": "3"},
+    {"format-version": "0"},
+    {"format-version": "two"},
+    {"include-xids": "maybe"},
+    {"include-unchanged-toast": "1"},
+    {"include-unchanged-toast": None},
+    {"no-such-option": "x"},
+    {"no-such-option": None},
+    {"actions": "insert,merge"},
+    {"actions": r"insert\,update"},
+    {"filter-tables": "no_schema"},
+    {"add-tables": "a.b,,c.d"},
+    {"filter-msg-prefixes": "a b"},
+    {"add-msg-prefixes": ",a"},
+    {"filter-origins": "1 2"},
+    # booleans: parse_bool, no spaces, no unit
+    {"include-xids": " 1"},
+    {"include-xids": "1 "},
+    {"include-xids": ""},
+    {"include-xids": "o"},
+    {"include-xids": "truex"},
+    {"include-xids": "yess"},
+    {"include-xids": "2"},
+    {"pretty-print": "ON "},
+    {"include-pk": "\tt"},
+    {"include-default": "nö"},
+    # format-version: the server's parse_int
+    {"format-version": "08"},
+    {"format-version": "010"},
+    {"format-version": "0x"},
+    {"format-version": "0x1.8p1"},
+    {"format-version": "-0x2"},
+    {"format-version": ".5"},
+    {"format-version": " .5"},
+    {"format-version": "-0"},
+    {"format-version": "1e"},
+    {"format-version": "2 x"},
+    {"format-version": "+ 2"},
+    {"format-version": "2.5e0 s"},
+    {"format-version": "inf"},
+    {"format-version": "nan"},
+    {"format-version": "3000000000"},
+    {"format-version": "99999999999999999999"},
+    {"format-version": "2147483647.5"},
+    {"format-version": "-2147483648.5"},
+    {"format-version": "1e-400"},
+    {"format-version": "1e-310"},
+    {"format-version": "2.5e-308"},
+    {"format-version": "0x1.1p-1070"},
+    {"format-version": "0x1.00000000000001p-1070"},
+    {"format-version": "1e999999999"},
+    {"format-version": ""},
+    # the first refusal wins
+    {"include-xids": "1", "format-version": "3", "bogus": "x"},
+    {"include-timestamp": "of", "include-xids": "nah", "whatever": "1"},
+]
+
+
 def test_option_errors_match_the_server(pg: Database) -> None:
-    """The same options are refused with the same message."""
+    """Every refused option set gets the server's message, word for word."""
     require_wal2json(pg)
+    other_session_defaults(pg)
     pg.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     source, oracle = unique("pgo"), unique("w2j")
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (source,))
     pg.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (oracle,))
-    for options in (
-        {"format-version": "3"},
-        {"format-version": "0"},
-        {"format-version": "two"},
-        {"include-xids": "maybe"},
-        {"include-unchanged-toast": "1"},
-        {"no-such-option": "x"},
-        {"actions": "insert,merge"},
-        {"filter-tables": "no_schema"},
-        {"add-tables": "a.b,,c.d"},
-    ):
-        with pytest.raises(Exception) as server_error:
+    for options in REFUSED:
+        with pytest.raises((psycopg.Error, ServerRefused)) as server_error:
             server_rows(pg, oracle, options)
+        refusal = server_error.value
+        message = refusal.diag.message_primary if isinstance(refusal, psycopg.Error) else refusal
         with pytest.raises(PluginOptionError) as ours:
             pgcdc_rows(pg, source, options)
-        server_message = str(server_error.value).splitlines()[0]
-        assert str(ours.value) == server_message, options
+        assert str(ours.value) == str(message), options
+
+
+def test_option_spellings_the_server_accepts(pg: Database) -> None:
+    """Values the server reads in unusual spellings (boolean prefixes in any case, no value,
+    format-version in hex, octal, rounded, with spaces; empty origin ids) give its output."""
+    check_all(
+        pg,
+        MESSAGES,
+        [
+            {"format-version": "0x2", "include-xids": "TRU", "include-timestamp": "of"},
+            {"format-version": " 1.5 ", "include-lsn": "Y", "include-transaction": "n"},
+            {"format-version": "2.5", "include-xids": None, "include-types": "oFf"},
+            {"format-version": "1e0", "pretty-print": "oN", "include-xids": "YeS"},
+            {"format-version": "01", "write-in-chunks": "t", "include-lsn": None},
+            {"format-version": "0x1.0p1", "filter-origins": "1,,2", "add-msg-prefixes": "side"},
+            {"format-version": None, "filter-origins": ",", "actions": ""},
+            {"format-version": "\t2\n", "add-tables": None, "filter-tables": None},
+            {"actions": None, "add-msg-prefixes": None, "filter-msg-prefixes": "  "},
+            {"format-version": "2", "include-timestamp": None, "include-origin": None},
+        ],
+    )
+
+
+def test_tail_writes_the_servers_bytes(pg: Database, tmp_path: Path) -> None:
+    """``pgcdc tail -P wal2json -f FILE``: the file holds the server plugin's rows, one a
+    line, message content that is not UTF-8 and v1's comma quirk included."""
+    source, oracle = prepare(pg, MESSAGES)
+    for options in (V1, {**V2, "include-xids": "1"}):
+        expected = b"".join(row + b"\n" for row in server_rows(pg, oracle, options))
+        assert b'"content":"\xffA"' in expected
+        assert (b'[,{"kind":"message"' in expected) == (options is V1)
+        out = tmp_path / f"out-{len(options)}.json"
+        args = ["tail", "-d", pg.dsn, "-S", source, "--publication", "pub", "--until-idle"]
+        args += ["--no-confirm", "-P", "wal2json", "-f", str(out)]
+        for name, value in options.items():
+            args += ["-o", f"{name}={value}"]
+        result = run_cli(*args)
+        assert result.returncode == 0, result.stderr
+        assert out.read_bytes() == expected, options
 
 
 # -- unit tests: hand-fed changes, no server -----------------------------------------------
@@ -628,3 +891,97 @@ def test_unit_not_a_number_and_timestamps() -> None:
         decode({"format-version": "2", "include-types": "0"}, one_txn(bad))
     assert timestamptz_to_str(0) == "2000-01-01 00:00:00+00"
     assert timestamptz_to_str(-1) == "1999-12-31 23:59:59.999999+00"
+
+
+def test_unit_v1_message_comma_and_bytes() -> None:
+    """v1's counter is the session's: a non-transactional message after a transaction of two
+    changes gets wal2json's comma; content that is not UTF-8 is written as its bytes."""
+    insert = Change(ChangeAction.INSERT, RELATION, row("1", "0", "t", "x"))
+    writes: list[OutputWrite] = []
+    ctx = DecodingContext(options={"include-types": "0"}, sink=writes.append)
+    plugin = Wal2Json()
+    plugin.startup(ctx, OutputPluginOptions(), False)
+    for changes in ((insert,), (insert, insert)):
+        txn = Transaction(5, commit_ts=0)
+        plugin.begin(ctx, txn)
+        for change in changes:
+            plugin.change(ctx, txn, RELATION, change)
+        plugin.commit(ctx, txn, Lsn(1))
+        plugin.message(ctx, None, Lsn(2), False, "p", b'\xffA"\x01\xc3\xa9\0cut')
+    message = (
+        b'{"kind":"message","transactional":false,"prefix":"p","content":"\xffA\\"\\u0001\xc3\xa9"}'
+    )
+    assert writes[1].data == b'{"change":[' + message + b"]}"
+    assert writes[3].data == b'{"change":[,' + message + b"]}"
+
+
+def test_unit_booleans_as_parse_bool_reads_them() -> None:
+    accepted = {
+        "t": True, "TRUE": True, "tR": True, "y": True, "Yes": True, "on": True, "ON": True,
+        "f": False, "fAlS": False, "n": False, "NO": False, "of": False, "OFF": False,
+        "1": True, "0": False,
+    }  # fmt: skip
+    for value, meaning in accepted.items():
+        assert parse_bool_option("x", value) is meaning, value
+    assert parse_bool_option("x", None) is True
+    for value in ("", " 1", "1 ", "o", "offf", "onn", "truex", "yess", "01", "2", "ye s", "İ"):
+        with pytest.raises(PluginOptionError, match=re.escape(f'value "{value}" for parameter')):
+            parse_bool_option("x", value)
+
+
+def pgoutput_transaction(xid: int, commit_ts: int, prefix: str, content: bytes) -> list[bytes]:
+    """Hand-built pgoutput v1 messages: Begin, a transactional Message, Commit."""
+    lsn = 0x1000 + xid
+    begin = b"B" + struct.pack(">QqI", lsn, commit_ts, xid)
+    message = b"M" + struct.pack(">BQ", 1, lsn) + prefix.encode() + b"\0"
+    message += struct.pack(">I", len(content)) + content
+    commit = b"C" + struct.pack(">BQQq", 0, lsn, lsn + 8, commit_ts)
+    return [begin, message, commit]
+
+
+#: Commit times (microseconds since 2000-01-01 UTC) and what timestamptz_to_str prints for
+#: them in a UTC session; 730485 days back is 0000-01-01 (1 BC), 2921940 ahead 10000-01-01,
+#: 2451545 days back Julian day 0, the earliest day timestamp2tm takes.
+DAY = 86_400_000_000
+SERVER_TIMES = {
+    0: "2000-01-01 00:00:00+00",
+    -1: "1999-12-31 23:59:59.999999+00",
+    2921940 * DAY: "10000-01-01 00:00:00+00",
+    2921940 * DAY - 1: "9999-12-31 23:59:59.999999+00",
+    -730485 * DAY: "0001-01-01 00:00:00+00 BC",
+    -730485 * DAY + 1_500_000: "0001-01-01 00:00:01.5+00 BC",
+    -730119 * DAY: "0001-01-01 00:00:00+00",
+    -2451545 * DAY: "4714-11-24 00:00:00+00 BC",
+    -2451545 * DAY - 1: "(timestamp out of range)",
+    -(2**63) + 1: "(timestamp out of range)",
+    2**63 - 2: "294277-01-09 04:00:54.775806+00",
+    2**63 - 1: "infinity",
+    -(2**63): "-infinity",
+}
+
+
+def test_unit_commit_times_from_bytes() -> None:
+    """Commit times Python's datetime cannot hold, fed as pgoutput bytes through the decoder
+    and the assembler: the timestamps wal2json prints for them."""
+    writes: list[OutputWrite] = []
+    options: dict[str, str | None] = {"format-version": "2", "include-timestamp": "1"}
+    ctx = DecodingContext(options=options, sink=writes.append)
+    plugin = Wal2Json()
+    plugin.startup(ctx, OutputPluginOptions(), False)
+    assembler = TransactionAssembler(plugin, ctx)
+    decoder = Decoder(1)
+    for xid, commit_ts in enumerate(SERVER_TIMES, start=1):
+        for payload in pgoutput_transaction(xid, commit_ts, "p", b"c"):
+            assembler.feed(decoder.decode(payload, Lsn(0x1000 + xid)), Lsn(0x1000 + xid))
+    lines = [w.data.decode() for w in writes]
+    expected = []
+    for text in SERVER_TIMES.values():
+        stamp = f'"timestamp":"{text}"'
+        expected += [
+            f'{{"action":"B",{stamp}}}',
+            f'{{"action":"M",{stamp},"transactional":true,"prefix":"p","content":"c"}}',
+            f'{{"action":"C",{stamp}}}',
+        ]
+    assert lines == expected
+    for commit_ts, text in SERVER_TIMES.items():
+        assert timestamptz_to_str(commit_ts) == text

@@ -256,6 +256,9 @@ WIDE_COLUMNS = {
     "dn": "money2",
     "o": "oid",
     "mn": "money",
+    "xi": "xid",
+    "x8": "xid8",
+    "sn": "pg_snapshot",
 }
 TEXT_CHARS = [*"aZ09 ,\"'\\\n\r\t.;{}()[]é€😀中\u2028", "\\.", "NULL", "null"]
 
@@ -477,7 +480,23 @@ def rand_value(rng: random.Random, column: str, wild: bool) -> str | None:
         return str(rng.choice([0, 2**32 - 1, rng.randrange(2**32)]))
     if column == "mn":
         return f"{rng.randint(-(10**12), 10**12) / 100:.2f}"
+    if column == "xi":
+        return str(rng.choice([0, 2**32 - 1, rng.randrange(2**32)]))
+    if column == "x8":
+        return str(rng.choice([0, 2**64 - 1, rng.randrange(2**64)]))
+    if column == "sn":
+        return rand_snapshot(rng)
     raise AssertionError(column)
+
+
+def rand_snapshot(rng: random.Random) -> str:
+    """xmin <= xmax, in-progress ids from xmin up to (not including) xmax, ascending."""
+    xmin = rng.choice([1, rng.randrange(1, 2**64)])
+    xmax = rng.choice([xmin, min(2**64 - 1, xmin + rng.randrange(100)), rng.randrange(xmin, 2**64)])
+    xip = (
+        sorted({rng.randrange(xmin, xmax) for _ in range(rng.randint(0, 4))}) if xmax > xmin else []
+    )
+    return f"{xmin}:{xmax}:" + ",".join(map(str, xip))
 
 
 def fill_wide(pg: Database, table: str, rows: int, *, wild: float, seed: int) -> str:
@@ -530,6 +549,8 @@ FAST_COLUMNS = {
     "tstz": "cast",
     "dom": "cast",
     "o": "cast",
+    "xi": "cast",
+    "x8": "cast",
     "n_free": "text",
     "t": "text",
     "vc": "text",
@@ -594,7 +615,7 @@ def test_fast_paths_are_used(wide_types: Database) -> None:
         else:
             found[column.name] = fast.convert.__name__.replace("convert", "cast")
     assert {k: v for k, v in found.items() if v is not None} == FAST_COLUMNS
-    assert {k for k, v in found.items() if v is None} == {"ai", "at", "c", "mn"}
+    assert {k for k, v in found.items() if v is None} == {"ai", "at", "c", "mn", "sn"}
 
 
 def test_a_registry_parser_replaces_the_fast_path(pg: Database) -> None:

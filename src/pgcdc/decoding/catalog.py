@@ -3,7 +3,9 @@
 The server gives plugins the catalog as of the change being decoded (a historic snapshot);
 over pgoutput we only have the current catalog. What plugins need from it (type names,
 which words need quoting) rarely changes, so answers are cached for the session. The
-connection is opened on first use and is read-only.
+connection is opened on first use and is read-only; it has the settings pgcdc's walsender
+session pins (`DEFAULT_SESSION_SETTINGS`), so the values it prints (a column default's
+``pg_get_expr``, say) read as the server's plugins print them in that session.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class Catalog:
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
-        self.session = SqlSession(conninfo)
+        self.session = SqlSession(conninfo, pinned_settings=True)
         self._type_names: dict[tuple[int, int | None], str] = {}
         self._keywords: frozenset[str] | None = None
 

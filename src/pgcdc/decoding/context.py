@@ -65,21 +65,14 @@ class DecodingContext:
         self.out += text.encode() if isinstance(text, str) else text
 
     def write(self, last_write: bool = True) -> None:
-        """Hand `out` to the sink (``OutputPluginWrite``)."""
+        """Hand `out` to the sink (``OutputPluginWrite``). The bytes go as they are, whatever
+        the output type: the server does not check that a textual plugin wrote valid text
+        either (test_decoding and wal2json copy a logical message's bytes into their text)."""
         if not self._prepared:
             raise PluginError("write() called without prepare_write() (OutputPluginPrepareWrite)")
         self._prepared = False
-        data = bytes(self.out)
-        if self.output_type is OutputType.TEXTUAL:
-            try:
-                data.decode()
-            except UnicodeDecodeError as exc:
-                raise PluginError(
-                    f"textual output plugin wrote invalid UTF-8 at byte {exc.start}; "
-                    "set output_type to BINARY in startup to write bytes"
-                ) from None
         if self.sink is not None:
-            self.sink(OutputWrite(data, self.write_location, self.write_xid, last_write))
+            self.sink(OutputWrite(bytes(self.out), self.write_location, self.write_xid, last_write))
 
     def bool_option(self, name: str, default: bool) -> bool:
         """The option `name` read as a boolean the way the server's parse_bool reads it."""
@@ -89,23 +82,29 @@ class DecodingContext:
 
 
 def parse_bool_option(name: str, value: str | None) -> bool:
-    """A plugin option as a boolean: no value means true; else PostgreSQL's boolean spellings
-    (any unique prefix of true/false/yes/no, on/off, 1/0), case-insensitively."""
+    """A plugin option as a boolean: no value means true; else the server's ``parse_bool``:
+    a prefix of true, false, yes or no, ``on``, a prefix of ``off`` from two letters, ``1`` or
+    ``0``, ASCII letters in any case, nothing else (no surrounding spaces)."""
     if value is None:
         return True
-    text = value.strip().lower()
-    if text in ("1", "0"):
-        return text == "1"
-    if len(text) >= 2 and text.startswith("o"):
-        if "on".startswith(text):
+    parsed = _parse_bool(value)
+    if parsed is None:
+        raise PluginOptionError(f'could not parse value "{value}" for parameter "{name}"')
+    return parsed
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _parse_bool(value: str) -> bool | None:
+    """``parse_bool``'s answer, None where it refuses the text."""
+    text = value.translate(_ASCII_LOWER)  # pg_strncasecmp folds ASCII letters only
+    first = text[:1]
+    if first == "o":  # "o" alone is not unique enough
+        if text == "on":
             return True
-        if "off".startswith(text):
-            return False
-    elif text:
-        for word in ("true", "yes"):
-            if word.startswith(text):
-                return True
-        for word in ("false", "no"):
-            if word.startswith(text):
-                return False
-    raise PluginOptionError(f'could not parse value "{value}" for parameter "{name}"')
+        return False if len(text) >= 2 and "off".startswith(text) else None
+    for word, meaning in (("true", True), ("false", False), ("yes", True), ("no", False)):
+        if first == word[0]:
+            return meaning if word.startswith(text) else None
+    return {"1": True, "0": False}.get(text)

@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from pgcdc.types.values import INT64_MAX, INT64_MIN, USECS_PER_DAY, PgTimestamp
 
 __all__ = ["timestamptz_to_str"]
 
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_DT_NOBEGIN = -(2**63)
-_DT_NOEND = 2**63 - 1
+#: Julian day number of 2000-01-01 (POSTGRES_EPOCH_JDATE): day 0 is 4714-11-24 BC.
+_POSTGRES_EPOCH_JDATE = 2451545
 
 
 def timestamptz_to_str(timestamp: int | None) -> str:
-    """The server's ``timestamptz_to_str`` in a UTC session: ISO, trailing zeros of the
-    fraction trimmed, ``+00``. `timestamp` is microseconds since 2000-01-01 UTC."""
+    """The server's ``timestamptz_to_str`` in a UTC session, for any int64: ISO whatever the
+    DateStyle, trailing zeros of the fraction trimmed, ``+00``, then `` BC`` for years before 1
+    (``4714-11-24 00:00:00+00 BC`` is the earliest it prints; earlier values, which no
+    timestamptz input accepts, are ``(timestamp out of range)``), years past 9999 in full,
+    ``infinity`` and ``-infinity``. `timestamp` is microseconds since 2000-01-01 UTC."""
     if timestamp is None:
         return "(null)"
-    if timestamp == _DT_NOBEGIN:
+    if timestamp == INT64_MIN:
         return "-infinity"
-    if timestamp == _DT_NOEND:
+    if timestamp == INT64_MAX:
         return "infinity"
-    try:
-        moment = _PG_EPOCH + timedelta(microseconds=timestamp)
-    except OverflowError:
+    if timestamp // USECS_PER_DAY + _POSTGRES_EPOCH_JDATE < 0:  # before Julian day 0
         return "(timestamp out of range)"
-    text = moment.strftime("%Y-%m-%d %H:%M:%S")
-    if moment.year < 1000:  # strftime's %Y does not pad everywhere; the server pads to 4
-        text = f"{moment.year:04d}" + text[text.index("-") :]
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + "+00"
+    return str(PgTimestamp(timestamp, tz=True))

@@ -11,45 +11,64 @@ real plugin. Options are wal2json's: ``format-version`` (1, the default, or 2),
 ``filter-msg-prefixes`` and ``add-msg-prefixes``. ``include-unchanged-toast`` is refused as
 deprecated, anything else as ``option "NAME" = "VALUE" is unknown``, as the server does.
 
+Options are read as wal2json reads them, refusals worded as the server words them: booleans
+by the server's ``parse_bool`` (``-o include-xids`` alone is true; ``' 1'`` is refused),
+``format-version`` by its ``parse_int`` (``0x2``, ``1.5`` and ``' 2 '`` are 2), lists split
+at commas as wal2json splits them (``filter-origins`` ids as ``atoi`` reads them, an empty
+item being 0).
+
 Values are the text pgoutput sends (output functions run by the walsender under pgcdc's pinned
-DateStyle ISO, TimeZone UTC, extra_float_digits 3, bytea_output hex); wal2json types them by
-column type: int2/int4/int8/oid/float4/float8/numeric unquoted (NaN and +-Infinity become
-``null``), bool as ``true``/``false``, bytea as its hex digits without ``\\x``, NULL as
-``null``, anything else (domains over numbers too) as a JSON string. Unchanged TOASTed columns
-are left out of the row, as wal2json does. Timestamps print in UTC (``+00``), as
-``timestamptz_to_str`` does in such a session. Replica identity comes from the Relation
-message's key flags (the server's ``rd_replidindex``): v1 ``oldkeys`` leaves out NULLs, v2
-``identity`` does not; without an old tuple an UPDATE's identity is taken from the new row.
+DateStyle ISO, TimeZone UTC, IntervalStyle postgres, extra_float_digits 3, bytea_output hex);
+wal2json types them by column type: int2/int4/int8/oid/float4/float8/numeric unquoted (NaN and
++-Infinity become ``null``), bool as ``true``/``false``, bytea as its hex digits without
+``\\x``, NULL as ``null``, anything else (domains over numbers too) as a JSON string. Unchanged
+TOASTed columns are left out of the row, as wal2json does. Timestamps are the server's
+``timestamptz_to_str`` in a UTC session over the whole int64 range (``+00``, `` BC``, years
+past 9999, ``infinity``). Column defaults are ``pg_get_expr`` run in a catalog session with the
+same pinned settings, so a default's literals read as the server prints them in pgcdc's
+walsender session. Replica identity comes from the Relation message's key flags (the
+server's ``rd_replidindex``): v1 ``oldkeys`` leaves out NULLs, v2 ``identity`` does not;
+without an old tuple an UPDATE's identity is taken from the new row. The output is bytes:
+message content that is not UTF-8 is written as it came, as the server writes it.
 
 wal2json 2.5's quirks are kept, since consumers parse them: v2 always prints typmods
 (``include-typmod`` only acts on v1); v1 prints ``pk`` only for replica identity DEFAULT, v2
 for any table with a primary key; v1 ``include-not-null`` without ``include-types`` prints
-``"columnoptionals":[]``; defaults are written unescaped (a default with a double quote gives
-invalid JSON there too); TRUNCATE has no v1 output; type names that ``format_type`` quoted are
-not escaped again.
+``"columnoptionals":[]``; defaults are written unescaped (a default with a double quote or a
+backslash gives invalid JSON there too); TRUNCATE has no v1 output; type names that
+``format_type`` quoted are not escaped again; v1's change counter lives for the session and
+only a begin resets it, so a non-transactional message right after a transaction of two or
+more changes is ``{"change":[,{...}]}`` (invalid JSON, as the server writes it); message
+content ends at its first NUL byte.
 
 Where the output cannot match, because pgoutput does not carry what wal2json sees:
 
 - empty transactions (DDL only, or only changes pgoutput does not publish): pgoutput on 15+
   sends nothing, wal2json writes ``{"action":"B"}``/``{"action":"C"}`` or ``{"change":[]}``;
+  such a transaction also resets v1's change counter, so the comma of a non-transactional
+  message that follows it can differ too;
 - changes of tables outside the publication (use ``FOR ALL TABLES`` to see what wal2json sees),
   and generated columns (pgoutput before 18 does not send them, wal2json prints them);
 - type names, not-null flags, defaults, column positions, primary keys of tables whose replica
   identity is not DEFAULT, and origin ids come from the current catalog, not from the historic
   snapshot of the change;
 - non-transactional messages are never filtered by origin (pgoutput does not say theirs);
-- message content is cut at the first NUL byte, as wal2json does, and invalid UTF-8 in it is
-  replaced (the output is text);
 - pgoutput's Begin does not carry the transaction's end LSN, so with ``include-lsn`` (v2 with
   ``include-transaction``, v1 with ``write-in-chunks``) a transaction's writes are held until
   its commit; the text is the same, only later.
+
+Nor can an option value that ends in a lone backslash: wal2json reads past the end of its
+string there.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from pgcdc.decoding import (
@@ -118,6 +137,12 @@ class SelectTable:
 def split_list(raw: str) -> list[str] | None:
     """wal2json's list syntax: names separated by commas and optional whitespace; a backslash
     keeps the next character in the name (and stays in it). None when the syntax is wrong."""
+    return _split(raw, allow_empty=False)
+
+
+def _split(raw: str, *, allow_empty: bool) -> list[str] | None:
+    """`split_list`; with `allow_empty`, an empty item is one too (wal2json's origin list:
+    ``1,,2`` is 1, 0 and 2)."""
     items: list[str] = []
     i, n = 0, len(raw)
     while i < n and raw[i] in _SPACE:
@@ -132,7 +157,7 @@ def split_list(raw: str) -> list[str] | None:
             i += 1
         i = min(i, n)
         end = i
-        if start == end:
+        if start == end and not allow_empty:
             return None  # empty name
         while i < n and raw[i] in _SPACE:
             i += 1
@@ -182,20 +207,95 @@ def parse_select_tables(raw: str) -> list[SelectTable] | None:
 
 
 def _parse_int(name: str, value: str) -> int:
-    """The server's parse_int for a unit-less integer (strtol base 0, or a rounded float)."""
-    text = value.strip()
+    """The server's ``parse_int`` for a setting without units: ``strtol`` (base 0: ``0x``
+    hex, a leading ``0`` octal), or ``strtod`` when that stops at ``.``, ``e``, ``E`` or
+    overflows; then only whitespace; the double rounded half to even into the int range."""
+    number: float
+    number, end, overflow = _strtol(value)
+    if value[end : end + 1] in (".", "e", "E") or overflow:
+        number, end, overflow = _strtod(value)
+    if end == 0 or overflow:
+        raise _unparsable(name, value)
+    if value[end:].strip(_SPACE):
+        raise _unparsable(name, value)  # trailing text: this setting takes no unit
+    number = round(number)  # rint(): half to even, as round() does
+    if not _INT_MIN <= number <= _INT_MAX:
+        raise _unparsable(name, value)
+    return int(number)
+
+
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
+_DECIMAL_FLOAT = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_HEX_FLOAT = re.compile(r"0[xX]([0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)([pP][+-]?[0-9]+)?")
+_SMALLEST_NORMAL = 2.2250738585072014e-308
+
+
+def _sign(text: str, i: int) -> tuple[int, int]:
+    """Skip C whitespace and an optional sign at `i`: (-1 or 1, where the number starts)."""
+    while i < len(text) and text[i] in _SPACE:
+        i += 1
+    if text[i : i + 1] in ("+", "-"):
+        return (-1 if text[i] == "-" else 1), i + 1
+    return 1, i
+
+
+def _strtol(text: str, base: int = 0) -> tuple[int, int, bool]:
+    """C's ``strtol`` for a 64-bit long: (value, index after the number or 0 when there is
+    none, overflowed)."""
+    sign, i = _sign(text, 0)
+    if base == 0:
+        after_prefix = text[i + 2 : i + 3]
+        if text[i : i + 2] in ("0x", "0X") and after_prefix and after_prefix in _DIGITS[16]:
+            base, i = 16, i + 2
+        else:
+            base = 8 if text[i : i + 1] == "0" else 10
+    digits = _DIGITS[base]
+    end = i
+    while end < len(text) and text[end] in digits:
+        end += 1
+    if end == i:
+        return 0, 0, False
+    value = sign * int(text[i:end], base)
+    if not _LONG_MIN <= value <= _LONG_MAX:
+        return (_LONG_MAX if value > 0 else _LONG_MIN), end, True
+    return value, end, False
+
+
+def _strtod(text: str) -> tuple[float, int, bool]:
+    """C's ``strtod`` for decimal and hexadecimal numbers: (value, index after it or 0 when
+    there is none, ERANGE: overflow, or an inexact result below the smallest normal double).
+    C's also reads ``inf`` and ``nan``, which `_parse_int` refuses either way; this does not."""
+    sign, i = _sign(text, 0)
+    match = _HEX_FLOAT.match(text, i)
+    hexadecimal = match is not None
+    if match is None:
+        match = _DECIMAL_FLOAT.match(text, i)
+        if match is None:
+            return 0.0, 0, False
+    number = match.group(0)
     try:
-        sign = -1 if text.startswith("-") else 1
-        digits = text.lstrip("+-")
-        if digits[:2].lower() == "0x":
-            return sign * int(digits[2:], 16)
-        if len(digits) > 1 and digits.startswith("0") and digits.isdigit():
-            return sign * int(digits, 8)
-        if digits.isdigit():
-            return sign * int(digits)
-        return round(float(text))
-    except (ValueError, OverflowError):
-        raise _unparsable(name, value) from None
+        value = float.fromhex(number) if hexadecimal else float(number)
+    except OverflowError:
+        value = math.inf
+    if math.isinf(value):
+        return sign * value, match.end(), True
+    tiny = False
+    if value == 0.0:  # underflow to zero, unless every digit is zero
+        tiny = any(c not in "0." for c in match.group(1))
+    elif value < _SMALLEST_NORMAL:  # subnormal: the exponent is small, so exact is cheap
+        tiny = Fraction(value) != _exact(match, hexadecimal)
+    return sign * value, match.end(), tiny
+
+
+def _exact(match: re.Match[str], hexadecimal: bool) -> Fraction:
+    """The exact value of a number `_strtod` matched."""
+    if not hexadecimal:
+        return Fraction(match.group(0))
+    whole, _, fraction = match.group(1).partition(".")
+    exponent = int(match.group(2)[1:]) if match.group(2) else 0
+    return Fraction(int(whole + fraction, 16)) * Fraction(2) ** (exponent - 4 * len(fraction))
 
 
 @dataclass(slots=True)
@@ -285,19 +385,12 @@ def _parse_actions(name: str, value: str) -> frozenset[str]:
 
 
 def _parse_oids(name: str, value: str) -> list[int]:
-    """filter-origins: origin ids as atoi() reads them (garbage counts as 0)."""
-    items = split_list(value)
+    """filter-origins: origin ids as ``(Oid) atoi()`` reads them: garbage counts as 0, and
+    so does an empty item."""
+    items = _split(value, allow_empty=True)
     if items is None:
         raise _unparsable(name, value)
-    oids = []
-    for item in items:
-        digits = ""
-        for ch in item.lstrip(_SPACE).lstrip("+"):
-            if not ch.isdigit():
-                break
-            digits += ch
-        oids.append(int(digits or 0) & 0xFFFFFFFF)
-    return oids
+    return [_strtol(item, 10)[0] & 0xFFFFFFFF for item in items]
 
 
 # -- formatting helpers ------------------------------------------------------------------------
@@ -320,7 +413,7 @@ def _value(type_oid: int, raw: bytes | None) -> str:
     """A column value typed as wal2json types it."""
     if raw is None:
         return "null"
-    text = raw.decode()
+    text = raw.decode("utf-8", "surrogateescape")
     if type_oid in _NUMBERS:
         if text[:9].lower().startswith(_SPECIAL_NUMBERS):
             return "null"  # NaN and Infinity are not JSON
@@ -442,9 +535,8 @@ class _Lookups:
 
 @dataclass(slots=True)
 class _Txn:
-    """Per-transaction state: v1's change counter and document, and held writes."""
+    """Per-transaction state: v1's document, and held writes."""
 
-    nr_changes: int = 0
     #: v1 without write-in-chunks: the body of the transaction's single write.
     doc: list[str] = field(default_factory=list)
     #: Writes held until commit (location, text); None stands for the header, which needs
@@ -459,6 +551,9 @@ class _State:
     ht: str
     nl: str
     sp: str
+    #: v1's change counter, as wal2json keeps it: for the session, reset only by a begin
+    #: (a non-transactional message after a transaction of two changes gets a comma).
+    nr_changes: int = 0
 
 
 def _state(ctx: DecodingContext) -> _State:
@@ -498,14 +593,17 @@ class Wal2Json(OutputPlugin):
         state = _state(ctx)
         if not state.settings.filter_origins:
             return False
-        return state.lookups.origin_id(origin) in state.settings.filter_origins
+        ident = state.lookups.origin_id(origin)  # 0: not in the catalog now
+        return ident != 0 and ident in state.settings.filter_origins
 
     # -- output --------------------------------------------------------------------------------
 
     @staticmethod
     def _write(ctx: DecodingContext, text: str) -> None:
+        """One write; bytes the server sent that are not UTF-8 (kept as lone surrogates by
+        ``surrogateescape``) are written back as they came."""
         ctx.prepare_write()
-        ctx.append(text)
+        ctx.append(text.encode("utf-8", "surrogateescape"))
         ctx.write()
 
     def _emit(self, ctx: DecodingContext, txn: Transaction | None, text: str) -> None:
@@ -530,7 +628,7 @@ class Wal2Json(OutputPlugin):
         state = _state(ctx)
         s = state.settings
         tx = _txn_state(txn)
-        tx.nr_changes = 0
+        state.nr_changes = 0
         tx.doc.clear()
         if self._holds(s):
             tx.held = [(ctx.write_location, None)]
@@ -665,11 +763,10 @@ class Wal2Json(OutputPlugin):
         if action is ChangeAction.DELETE and change.old is None:
             log.warning('no tuple data for DELETE in table "%s"', info.relation.relname)
             return None
-        tx = _txn_state(txn)
-        tx.nr_changes += 1
+        state.nr_changes += 1
         out = [] if s.write_in_chunks else [nl]
         out.append(ht * 2)
-        if tx.nr_changes > 1:
+        if state.nr_changes > 1:
             out.append(",")
         out.append(f'{{{nl}{ht * 3}"kind":{sp}"{action.value}",{nl}')
         if s.include_schemas:
@@ -918,8 +1015,9 @@ class Wal2Json(OutputPlugin):
             return
         if s.add_msg_prefixes and prefix not in s.add_msg_prefixes:
             return
-        # wal2json copies the content as a C string: it ends at the first NUL
-        text = _quote(content.split(b"\0", 1)[0].decode(errors="replace"))
+        # wal2json copies the content as a C string: it ends at the first NUL; its bytes are
+        # escaped as JSON text, and written as they are where they are not UTF-8
+        text = _quote(content.split(b"\0", 1)[0].decode("utf-8", "surrogateescape"))
         in_txn = transactional and txn is not None
         if s.format_version == 2:
             out = ['{"action":"M"']
@@ -940,22 +1038,22 @@ class Wal2Json(OutputPlugin):
             return
         ht, nl, sp = state.ht, state.nl, state.sp
         t3 = ht * 3
+        if in_txn:
+            state.nr_changes += 1
+        # The counter is the session's: outside a transaction it is the last transaction's
+        # (wal2json's quirk: ``{"change":[,{...}]}`` after one of two or more changes).
+        comma = "," if state.nr_changes > 1 else ""
         body = (
-            f'{{{nl}{t3}"kind":{sp}"message",{nl}'
+            f'{ht * 2}{comma}{{{nl}{t3}"kind":{sp}"message",{nl}'
             f'{t3}"transactional":{sp}{"true" if transactional else "false"},{nl}'
             f'{t3}"prefix":{sp}{_quote(prefix)},{nl}{t3}"content":{sp}{text}{nl}{ht * 2}}}'
         )
         if not in_txn or txn is None:
-            head = f'{{{nl}{ht}"change":{sp}[{nl}{ht * 2}'
-            self._write(ctx, f"{head}{body}{nl}{ht}]{nl}}}")
-            return
-        tx = _txn_state(txn)
-        tx.nr_changes += 1
-        comma = "," if tx.nr_changes > 1 else ""
-        if s.write_in_chunks:
-            self._emit(ctx, txn, f"{ht * 2}{comma}{body}")
+            self._write(ctx, f'{{{nl}{ht}"change":{sp}[{nl}{body}{nl}{ht}]{nl}}}')
+        elif s.write_in_chunks:
+            self._emit(ctx, txn, body)
         else:
-            tx.doc.append(f"{nl}{ht * 2}{comma}{body}")
+            _txn_state(txn).doc.append(nl + body)
 
 
 class _RelInfo:

@@ -15,6 +15,7 @@ from pgcdc.types import (
     scalars,  # noqa: F401  (registers the built-in types)
     temporal,  # noqa: F401
     textsearch,  # noqa: F401
+    transactions,  # noqa: F401
 )
 from pgcdc.types.arrays import PgArray
 from pgcdc.types.bytestrings import BitString
@@ -22,6 +23,7 @@ from pgcdc.types.catalog import resolve
 from pgcdc.types.geometry import Box, Circle, Line, LineSegment, Path, Point, Polygon
 from pgcdc.types.ranges import EMPTY_RANGE, Multirange, Range
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeCodec, TypeRegistry, UnknownBinary, register
+from pgcdc.types.transactions import PgSnapshot
 from pgcdc.types.values import (
     INFINITY,
     NEG_INFINITY,
@@ -48,6 +50,7 @@ __all__ = [
     "Path",
     "PgArray",
     "PgDate",
+    "PgSnapshot",
     "PgTime",
     "PgTimestamp",
     "Point",

@@ -5,12 +5,12 @@ typed a column at a time:
 
 * a vectorized fast path where pyarrow's conversion of the server's text is the type system's:
   string-mapped types (text, varchar, bpchar with its padding, name, uuid, json, jsonb,
-  unconstrained numeric, inet, time, interval, enums, …) are their text; int2/int4/int8/oid
-  are plain digits; bool is ``t``/``f``; float8 and float4 are parsed as correctly rounded
-  doubles (``NaN``, ``Infinity``, ``-Infinity`` included), float4 then rounded to float32
-  as ``struct.pack`` does; numeric with a decimal mapping, date, timestamp and timestamptz are
-  cast by pyarrow, which refuses any text it cannot convert exactly; bytea's ``\\x`` hex is
-  decoded with numpy;
+  unconstrained numeric, inet, time, interval, enums, …) are their text; int2/int4/int8/oid,
+  xid/cid and xid8 (a decimal(20,0)) are plain digits; bool is ``t``/``f``; float8 and
+  float4 are parsed as correctly rounded doubles (``NaN``, ``Infinity``, ``-Infinity``
+  included), float4 then rounded to float32 as ``struct.pack`` does; numeric with a decimal
+  mapping, date, timestamp and timestamptz are cast by pyarrow, which refuses any text it
+  cannot convert exactly; bytea's ``\\x`` hex is decoded with numpy;
 * for everything else, and for the values a fast path refuses (NaN or a too-wide numeric,
   infinity, BC and five-digit years), the column's own text parser, value by value, with the
   out-of-range policy (`ArrowBatchBuilder.column_from_text`).
@@ -154,6 +154,9 @@ _BY_OID: dict[int, tuple[pa.DataType, _FastPath]] = {
     23: (pa.int32(), _FastPath(_cast(pa.int32()))),
     20: (pa.int64(), _FastPath(_cast(pa.int64()))),
     26: (pa.int64(), _FastPath(_cast(pa.int64()))),
+    28: (pa.int64(), _FastPath(_cast(pa.int64()))),
+    29: (pa.int64(), _FastPath(_cast(pa.int64()))),
+    5069: (pa.decimal128(20, 0), _FastPath(_cast(pa.decimal128(20, 0)))),
     700: (pa.float32(), _FastPath(_float4)),
     701: (pa.float64(), _FastPath(_cast(pa.float64()))),
     17: (pa.binary(), _FastPath(_bytea, "^\\\\x([0-9a-f]{2})*$")),

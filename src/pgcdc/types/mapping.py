@@ -10,7 +10,8 @@ PostgreSQL                            Spark                               Arrow
 ====================================  ==================================  ========================
 bool                                  BooleanType                         bool
 int2 / int4 / int8                    ShortType / IntegerType / LongType  int16 / int32 / int64
-oid                                   LongType                            int64
+oid, xid, cid                         LongType                            int64
+xid8                                  DecimalType(20,0)                   decimal128(20,0)
 float4 / float8                       FloatType / DoubleType              float / double
 numeric(p,s), p <= 38, 0 <= s <= p    DecimalType(p,s)                    decimal128(p,s)
 numeric (unconstrained, p > 38,       StringType; DecimalType(38,s)       string; decimal128(38,s)
@@ -38,8 +39,14 @@ range of T                            StructType(lower T, upper T,        struct
                                       bounds string, empty boolean)       bounds, empty>
 multirange of T                       ArrayType(the range's struct)       list<struct<...>>
 composite                             StructType of its fields            struct<...>
+pg_snapshot, txid_snapshot            StructType(xmin, xmax xid8,         struct<xmin, xmax,
+                                      xip array of xid8)                  xip>
 domain                                its base type's mapping             (the same)
 ====================================  ==================================  ========================
+
+xid8 is an unsigned 64-bit number (epoch and xid): Spark has no unsigned long, and LongType would
+turn the upper half of the range negative or refuse it; decimal(20,0) holds every value exactly
+and orders them as the server does. A snapshot's ids map as xid8s.
 
 A string column holds the server's own text of the value: in text mode the bytes as sent; in
 binary mode the decoded value written back the way the type's output function writes it
@@ -194,12 +201,15 @@ _PLAIN: dict[int, tuple[st.DataType, pa.DataType]] = {
     23: (st.IntegerType(), pa.int32()),
     20: (st.LongType(), pa.int64()),
     26: (st.LongType(), pa.int64()),
+    28: (st.LongType(), pa.int64()),  # xid: uint32
+    29: (st.LongType(), pa.int64()),  # cid: uint32
     700: (st.FloatType(), pa.float32()),
     701: (st.DoubleType(), pa.float64()),
     17: (st.BinaryType(), pa.binary()),
     790: (st.DecimalType(19, 2), pa.decimal128(19, 2)),  # int64 cents: always fits
 }
 _JSON_OIDS = (114, 3802)
+_SNAPSHOT_OIDS = (5038, 2970)  # pg_snapshot, txid_snapshot
 
 
 def type_mapping(
@@ -264,7 +274,41 @@ def _special_mapping(oid: int, typmod: int, options: MappingOptions) -> TypeMapp
         return TypeMapping(st.DayTimeIntervalType(), pa.duration("us"), _day_time)
     if oid in _JSON_OIDS and options.json == "variant":
         return _variant_mapping()
+    if oid == 5069:
+        return TypeMapping(*_XID8, Decimal)
+    if oid in _SNAPSHOT_OIDS:
+        return _snapshot_mapping()
     return None
+
+
+#: xid8, unsigned 64-bit: every value fits 20 digits.
+_XID8 = (st.DecimalType(20, 0), pa.decimal128(20, 0))
+
+
+def _snapshot_mapping() -> TypeMapping:
+    spark, arrow = _XID8
+    xip_spark = st.ArrayType(spark, containsNull=True)
+
+    def convert(value: Any) -> dict[str, Any]:
+        return {
+            "xmin": Decimal(value.xmin),
+            "xmax": Decimal(value.xmax),
+            "xip": [Decimal(x) for x in value.xip],
+        }
+
+    return TypeMapping(
+        st.StructType(
+            [
+                st.StructField("xmin", spark, True),
+                st.StructField("xmax", spark, True),
+                st.StructField("xip", xip_spark, True),
+            ]
+        ),
+        pa.struct(
+            [pa.field("xmin", arrow), pa.field("xmax", arrow), pa.field("xip", _list(arrow))]
+        ),
+        convert,
+    )
 
 
 def _check_type(kind: type, what: str) -> Converter:
@@ -781,6 +825,11 @@ _BASE_TEXT: dict[int, Converter] = {
     718: _circle_text,
     2950: str,
     3220: str,
+    28: str,
+    29: str,
+    5069: str,
+    5038: str,  # PgSnapshot's str is pg_snapshot_out's text
+    2970: str,
     1082: _date_text,
     1083: _time_text,
     1266: _timetz_text,

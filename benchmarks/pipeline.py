@@ -35,7 +35,7 @@ What is measured
        Spark job, and inside its tasks reading the spool into the envelope, folding per key
        and typing, and writing Delta; and the CPU of the replication session thread, which
        receives, assembles and spools meanwhile. Finally the mirror is read back and
-       compared row by row with the source table (``pgcdc.spark.verify``).
+       compared row by row with the source table (``pgcdc.pipeline.verify``).
 
     2. Freshness (a steady workload, the pipeline running continuously with
        ``trigger.interval = --interval``, default 0.5 s). A ``live`` table like ``bench``
@@ -106,11 +106,11 @@ from deltalake import DeltaTable
 
 import stream  # benchmarks/stream.py: this directory is first on sys.path for a script
 from pgcdc.embedded import Database, EmbeddedServer
+from pgcdc.pipeline import BatchReport, Pipeline
+from pgcdc.pipeline.config import PipelineConfig, parse_config
+from pgcdc.pipeline.verify import compare_mirror
 from pgcdc.protocol import Lsn, datetime_to_pg_timestamp
-from pgcdc.spark.config import PipelineConfig, parse_config
-from pgcdc.spark.pipeline import BatchReport, Pipeline
 from pgcdc.spark.session import local_session
-from pgcdc.spark.verify import compare_mirror
 from pgcdc.targets import DeltaTarget
 
 SCHEMA = "CREATE TABLE {table} (id bigint PRIMARY KEY, n int, t text, ts timestamptz, amt numeric)"

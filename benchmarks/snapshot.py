@@ -8,7 +8,7 @@ What is compared
 
     psql COPY   ``psql -c "COPY bench TO STDOUT" > /dev/null``: the server reads and formats
                 every row, the client throws the bytes away (the floor of any copy).
-    pgcdc       a pipeline's first run (`pgcdc.spark.pipeline.Pipeline`, available-now, the
+    pgcdc       a pipeline's first run (`pgcdc.pipeline.Pipeline`, available-now, the
                 table in mirror mode): the slot is created with an exported snapshot, the
                 table is cut into block ranges (``--chunk-blocks``) and Spark tasks copy them
                 in parallel into the Delta mirror; timed from the start of the copy to its
@@ -20,7 +20,7 @@ What is compared
     against the cores' time the copy had. Then the mirror is checked against the table:
     aggregates of every column computed on each side (rows, distinct ids, sums, text
     lengths, first and last timestamps), and every row whose id is a multiple of N /
-    ``--sample`` (default 20,000 rows) compared value by value (`pgcdc.spark.verify`).
+    ``--sample`` (default 20,000 rows) compared value by value (`pgcdc.pipeline.verify`).
 
 How to run (from the repository root)
     .venv/bin/python benchmarks/snapshot.py --rows 1000000   # quick check
@@ -41,7 +41,7 @@ from typing import Any
 from psycopg import sql
 
 from pgcdc.embedded import Database, EmbeddedServer
-from pgcdc.spark.initial_copy import TableProgress
+from pgcdc.pipeline import TableProgress
 
 SCHEMA = "CREATE TABLE bench (id bigint PRIMARY KEY, n int, t text, ts timestamptz, amt numeric)"
 FILL = """
@@ -69,8 +69,8 @@ def psql_copy(server: EmbeddedServer, dsn: str) -> float:
 def pgcdc_copy(
     dsn: str, lake: Path, chunk_blocks: int, cores: str
 ) -> tuple[float, float, TableProgress, int]:
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import parse_config
     from pgcdc.spark.session import local_session
 
     started = time.monotonic()
@@ -128,7 +128,7 @@ def check_mirror(db: Database, lake: Path, sample: int) -> str:
     is a multiple of a step (about `sample` of them) compared value by value."""
     import pyarrow.compute as pc
 
-    from pgcdc.spark.verify import compare_mirror
+    from pgcdc.pipeline.verify import compare_mirror
     from pgcdc.targets import DeltaTarget
 
     mirror = DeltaTarget(str(lake / "public.bench"), "mirror", app_id="x").to_arrow()

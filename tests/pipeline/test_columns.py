@@ -3,7 +3,7 @@ the relation's previous version (no server: the catalog as data)."""
 
 from __future__ import annotations
 
-from pgcdc.pipeline.columns import Attribute, resolve_attnums
+from pgcdc.pipeline._columns import Attribute, resolve_attnums
 
 INT, TEXT, BIGINT = 23, 25, 20
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pgcdc.pipeline.startup import (
+from pgcdc.pipeline._startup import (
     REFUSALS,
     CopyCondition,
     SlotCondition,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.spark.initial_copy import CHUNK_KEY
 from pgcdc.targets import DeltaTarget
+from pgcdc.targets.delta import CHUNK_KEY
 from replication.helpers import unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
 from spark.test_pipeline_recovery import _child, _finish
@@ -127,7 +127,7 @@ def chunk_commits(path: Path) -> list[str]:
 def _copy_points(path: Path) -> set[str]:
     from deltalake import DeltaTable
 
-    from pgcdc.spark.initial_copy import POINT_KEY
+    from pgcdc.targets.delta import POINT_KEY
 
     return {c[POINT_KEY] for c in DeltaTable(str(path)).history() if POINT_KEY in c}
 
@@ -179,7 +179,7 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
 def _chunks_at(path: Path, point: str) -> list[str]:
     from deltalake import DeltaTable
 
-    from pgcdc.spark.initial_copy import POINT_KEY
+    from pgcdc.targets.delta import POINT_KEY
 
     history = DeltaTable(str(path)).history()
     return [c[CHUNK_KEY] for c in history if CHUNK_KEY in c and c.get(POINT_KEY) == point]
@@ -223,8 +223,8 @@ def test_a_table_added_later_is_copied_while_the_others_stream(
     config["trigger"] = {"available_now": False, "interval": "0.5 seconds"}
     pg.execute("CREATE TABLE later (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO later SELECT g, 'v' FROM generate_series(1, 5000) g")
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import parse_config
 
     first = Pipeline(parse_config(config), spark)
     runner = threading.Thread(target=first.run, daemon=True)

@@ -62,9 +62,8 @@ def main() -> None:
         if crash_at not in ("slot-created", "chunk", "batch"):
             raise SystemExit(f"unknown crash point {crash_at!r}")
 
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.initial_copy import TableProgress
-    from pgcdc.spark.pipeline import BatchReport, Pipeline
+    from pgcdc.pipeline import BatchReport, Pipeline, TableProgress
+    from pgcdc.pipeline.config import parse_config
     from pgcdc.spark.session import local_session
 
     config = parse_config(json.loads(config_json))

@@ -73,8 +73,8 @@ def pipeline_config(
 
 
 def run_pipeline(spark: Any, config: dict[str, Any]) -> Any:
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import parse_config
 
     pipeline = Pipeline(parse_config(config), spark)
     pipeline.run()
@@ -84,8 +84,8 @@ def run_pipeline(spark: Any, config: dict[str, Any]) -> Any:
 def verdicts(db: Database, config: dict[str, Any]) -> list[Any]:
     """Every target of `config` compared with its source table (mirror: equal rows; history:
     current versions equal, no version twice)."""
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.verify import compare_history, compare_mirror
+    from pgcdc.pipeline.config import parse_config
+    from pgcdc.pipeline.verify import compare_history, compare_mirror
     from pgcdc.targets import DeltaTarget
 
     out = []
@@ -112,8 +112,8 @@ class RunningPipeline:
     def __init__(self, spark: Any, config: dict[str, Any], interval: str = "0.3 seconds") -> None:
         import threading
 
-        from pgcdc.spark.config import parse_config
-        from pgcdc.spark.pipeline import Pipeline
+        from pgcdc.pipeline import Pipeline
+        from pgcdc.pipeline.config import parse_config
 
         config = {**config, "trigger": {"available_now": False, "interval": interval}}
         self.pipeline = Pipeline(parse_config(config), spark)

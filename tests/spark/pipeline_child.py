@@ -17,9 +17,8 @@ import os
 import sys
 from typing import Any
 
-from pgcdc.spark.config import parse_config
-from pgcdc.spark.initial_copy import TableProgress
-from pgcdc.spark.pipeline import BatchReport, Pipeline
+from pgcdc.pipeline import BatchReport, Pipeline, TableProgress
+from pgcdc.pipeline.config import parse_config
 from pgcdc.spark.session import local_session
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pgcdc.spark.config import ConfigError, load_config, parse_config, parse_interval, parse_size
+from pgcdc.pipeline.config import ConfigError, load_config, parse_config, parse_interval, parse_size
 
 BASE: dict[str, Any] = {
     "source": {"conninfo": "dbname=x", "publication": "p", "slot": "s"},

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.spark.config import parse_config
-from pgcdc.spark.verify import compare_history, compare_mirror
+from pgcdc.pipeline.config import parse_config
+from pgcdc.pipeline.verify import compare_history, compare_mirror
 from pgcdc.targets import DeltaTarget
 from replication.helpers import unique
 from spark.helpers import pipeline_config, run_pipeline
@@ -208,7 +208,7 @@ def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
     applied), made the primary key, and a row deleted by it, all before the batch: the row is
     gone when its value is read, so the target's row has none, and the delete (by the new
     key) cannot find it. The table stops with one line, the slot stays; a recopy mends it."""
-    from pgcdc.spark.pipeline import PipelineFailed, request_recopy
+    from pgcdc.pipeline import PipelineFailed, request_recopy
 
     slot, config = _pipeline(
         pg,

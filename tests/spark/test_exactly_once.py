@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.spark.bindings import BindingError
+from pgcdc.pipeline import BindingError
 from pgcdc.targets import DeltaTarget
 from replication.helpers import confirmed_flush, unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
@@ -116,7 +116,7 @@ def test_a_dropped_slot_with_data_in_the_targets_stops_the_pipeline(
 ) -> None:
     """The slot is gone after the targets took changes from it: creating a new slot would
     skip whatever was committed in between, so the pipeline stops with one line instead."""
-    from pgcdc.spark.pipeline import SlotLost
+    from pgcdc.pipeline import SlotLost
 
     pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
     slot, publication = _slot_and_publication(pg, "t")
@@ -140,7 +140,7 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     with on_error = "stop" one line names the table, the change and its LSN, and the slot
     stays; with "quarantine" the other tables stream on and the slot moves, the table's
     changes wait in its change log, and `recopy` brings it back equal to its source."""
-    from pgcdc.spark.pipeline import PipelineFailed, request_recopy
+    from pgcdc.pipeline import PipelineFailed, request_recopy
 
     pg.execute("CREATE TABLE a (id int PRIMARY KEY, n int); CREATE TABLE b (id int PRIMARY KEY)")
     slot, publication = _slot_and_publication(pg, "a, b")
@@ -169,7 +169,7 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
     run_pipeline(spark, config)  # still set aside; b goes on
     assert sorted(r["id"] for r in _rows(lake / "public.b")) == [1, 2, 3]
     assert {r["id"]: r["n"] for r in _rows(lake / "public.a")}[3] == 3  # as it was
-    from pgcdc.spark.config import parse_config
+    from pgcdc.pipeline.config import parse_config
 
     request_recopy(parse_config(config), "public.a")
     pg.execute("UPDATE a SET n = 60 WHERE id = 'k6'")
@@ -182,8 +182,8 @@ def test_a_change_a_table_cannot_take_stops_or_quarantines_it(
 def test_the_pipeline_warns_when_the_slot_retains_too_much_wal(
     spark: Any, pg: Database, tmp_path: Path
 ) -> None:
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import parse_config
 
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     slot, publication = _slot_and_publication(pg, "t")
@@ -205,7 +205,7 @@ def test_partitions_published_on_their_own_feed_the_parent(
     they go to the parent's targets, also for a partition attached later; a TRUNCATE of the
     whole table applies, a TRUNCATE of one partition stops the pipeline with a line naming it
     (the targets do not know which rows were that partition's)."""
-    from pgcdc.spark.pipeline import PipelineFailed
+    from pgcdc.pipeline import PipelineFailed
 
     pg.execute(
         "CREATE TABLE m (id int, day date, v text, PRIMARY KEY (id, day)) PARTITION BY RANGE (day);"
@@ -224,19 +224,19 @@ def test_partitions_published_on_their_own_feed_the_parent(
         "ALTER TABLE m ATTACH PARTITION m_3 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');"
         "INSERT INTO m VALUES (1000, '2027-05-01', 'attached'); UPDATE m SET v = 'u' WHERE id < 5"
     )
-    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+    with caplog.at_level("WARNING", logger="pgcdc.pipeline._bindings"):
         run_pipeline(spark, config)
     assert "public.m: partition(s) attached since the pipeline last ran" in caplog.text
     assert_identical(pg, config)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+    with caplog.at_level("WARNING", logger="pgcdc.pipeline._bindings"):
         run_pipeline(spark, config)  # said once
     assert "attached" not in caplog.text
     pg.execute("TRUNCATE m; INSERT INTO m VALUES (1, '2025-02-02', 'after')")
     run_pipeline(spark, config)
     assert_identical(pg, config)
     pg.execute("ALTER TABLE m DETACH PARTITION m_3")  # its rows leave without a change
-    with caplog.at_level("WARNING", logger="pgcdc.spark.bindings"):
+    with caplog.at_level("WARNING", logger="pgcdc.pipeline._bindings"):
         run_pipeline(spark, config)
     assert "public.m: partition(s) detached since the pipeline last ran" in caplog.text
     pg.execute("INSERT INTO m VALUES (2, '2026-02-02', 'b'); TRUNCATE m_1")
@@ -307,8 +307,8 @@ def test_the_copy_takes_the_columns_the_stream_sends(
     them: a column list leaves the others out, and a generated column is left out unless
     the publication publishes it (PostgreSQL 18's publish_generated_columns). Before, the
     copy took every column, and the ones the stream never sends kept the copy's values."""
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.verify import compare_mirror
+    from pgcdc.pipeline.config import parse_config
+    from pgcdc.pipeline.verify import compare_mirror
 
     if published == "generated columns" and pg.version < 18:
         pytest.skip("publications publish generated columns from PostgreSQL 18")

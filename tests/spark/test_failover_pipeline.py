@@ -41,8 +41,8 @@ class Source:
 def test_the_pipeline_goes_on_after_a_standby_is_promoted(
     spark: Any, primary: EmbeddedServer, tmp_path: Path
 ) -> None:
-    from pgcdc.spark.config import parse_config
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import parse_config
 
     db = primary.create_database()
     db.execute("CREATE TABLE t (batch int, i int, PRIMARY KEY (batch, i)); CREATE TABLE c (n int)")

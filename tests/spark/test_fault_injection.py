@@ -520,7 +520,7 @@ class TargetCheck:
 def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
     import pyarrow.compute as pc
 
-    from pgcdc.spark.verify import source_rows
+    from pgcdc.pipeline.verify import source_rows
     from pgcdc.targets import DeltaTarget
 
     check = TargetCheck(f"{table} {mode}")
@@ -592,7 +592,7 @@ def copy_status(lake: Path) -> str | None:
 
 
 def watermarks(config: dict[str, Any]) -> dict[tuple[str, str], int | None]:
-    from pgcdc.spark.config import parse_config
+    from pgcdc.pipeline.config import parse_config
     from pgcdc.targets import DeltaTarget
 
     return {
@@ -922,7 +922,7 @@ def _scenario(
         if caught_up and not pairs[t, m]
     ]
 
-    from pgcdc.spark.config import parse_config
+    from pgcdc.pipeline.config import parse_config
 
     checks = [
         check_target(db.dsn, spec.table, spec.mode, spec.path)
@@ -950,7 +950,7 @@ def _scenario(
         report += ["targets:", *(str(c) for c in checks), ""]
         with contextlib.suppress(Exception):
             report += [
-                "verdicts of pgcdc.spark.verify (its 'duplicated version' also counts identical"
+                "verdicts of pgcdc.pipeline.verify (its 'duplicated version' also counts identical"
                 " rows copied together under identity FULL, which the checks above allow):",
                 *(f"  {v}" for v in verdicts(db, config)),
             ]

@@ -172,7 +172,7 @@ def test_schema_changes(spark: Any, pg: Database, tmp_path: Path) -> None:
     pg.execute("ALTER TABLE orders ALTER id TYPE text USING 'o' || id")
     pg.execute("INSERT INTO orders VALUES ('o5', 'five', NULL, 'x')")
     before = confirmed_flush(pg, slot)
-    from pgcdc.spark.pipeline import PipelineFailed
+    from pgcdc.pipeline import PipelineFailed
 
     with pytest.raises(PipelineFailed, match=r"public\.orders\.id.*LSN"):
         run_pipeline(spark, config)

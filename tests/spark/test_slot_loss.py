@@ -33,7 +33,7 @@ def _invalidate(db: Any, slot: str) -> None:
 
 
 def test_a_lost_slot_stops_the_pipeline_or_is_recovered(spark: Any, tmp_path: Path) -> None:
-    from pgcdc.spark.pipeline import SlotLost
+    from pgcdc.pipeline import SlotLost
 
     settings = {"max_slot_wal_keep_size": "2MB", "wal_keep_size": 0, "max_wal_size": "64MB"}
     try:

@@ -289,8 +289,8 @@ def test_a_slot_created_anew_does_not_feed_targets_that_hold_data(
     """The slot is gone (a failover, a drop) while the targets hold data: the refusal does
     not advise to create it by hand, and a slot created anew by any command is refused
     (streaming from it lost 705 rows and added 439, case 7); recover_lost_slot mends it."""
+    from pgcdc.pipeline import SlotLost
     from pgcdc.replication.slots import create_slot
-    from pgcdc.spark.pipeline import SlotLost
 
     pg.execute(
         "CREATE TABLE f (id int PRIMARY KEY, v text);"
@@ -325,7 +325,7 @@ def test_failover_true_makes_an_existing_slot_a_failover_slot(
 ) -> None:
     """``failover = true`` with a slot that is not a failover slot: altered on 17+, refused
     with one line before (it was used as it was, case 8)."""
-    from pgcdc.spark.pipeline import PipelineFailed
+    from pgcdc.pipeline import PipelineFailed
 
     pg.execute("CREATE TABLE g (id int PRIMARY KEY)")
     config = _config(pg, tmp_path, {"public.g": ["mirror"]})

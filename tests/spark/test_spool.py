@@ -10,7 +10,7 @@ import pytest
 
 from pgcdc.errors import SpoolError
 from pgcdc.protocol import Column, Insert, Lsn, Message, Relation, Truncate, TupleData, encode
-from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, read_envelope
+from pgcdc.spool import MESSAGES, Spool, SpoolRange, read_envelope
 
 REL = Relation(16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
 OTHER = Relation(16385, "public", "u", "d", (Column(1, "id", 23, -1),))

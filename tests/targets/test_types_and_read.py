@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pgcdc.targets import DeltaTarget, read_target
+from pgcdc.spark import read_target
+from pgcdc.targets import DeltaTarget
 from pgcdc.types.mapping import MappingOptions
 
 from .envelopes import (

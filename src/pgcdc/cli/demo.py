@@ -281,7 +281,7 @@ def _prepare_lake(lake: Path) -> None:
 
 def _run_pipeline(config: Any, spark: Any, console: Console) -> tuple[Any, Any, int]:
     """Runs the pipeline until it caught up; (pipeline, stats, replayed rows skipped)."""
-    from pgcdc.spark.pipeline import Pipeline
+    from pgcdc.pipeline import Pipeline
 
     skipped = 0
 
@@ -323,7 +323,7 @@ def _slot_position(db: Any) -> Lsn:
 
 def _verdicts(pipeline: Any, conninfo: str) -> list[tuple[str, str, Any, int]]:
     """(table, mode, verdict, target rows) for every target."""
-    from pgcdc.spark.verify import compare_history, compare_mirror
+    from pgcdc.pipeline.verify import compare_history, compare_mirror
 
     out = []
     for table, targets in pipeline.targets.items():
@@ -361,7 +361,7 @@ def _snippet(lake: Path) -> str:
     views = ", ".join(f'"{v}"' for v in VIEWS)
     lines = [
         "from pgcdc.spark.session import local_session",
-        "from pgcdc.targets import read_target",
+        "from pgcdc.spark import read_target",
         "",
         "spark = local_session()",
         f"for name in ({views}):",
@@ -377,7 +377,7 @@ def _snippet(lake: Path) -> str:
 
 def _queries(spark: Any, lake: Path, console: Console) -> None:
     """Runs the snippet's queries (in the demo's session)."""
-    from pgcdc.targets import read_target
+    from pgcdc.spark import read_target
 
     for name in VIEWS:
         read_target(spark, str(lake / f"public.{name}")).createOrReplaceTempView(name)
@@ -448,7 +448,7 @@ def run_demo(lake: Path = LAKE) -> None:
 def _demo(
     server: EmbeddedServer, spark_starting: _Spark, lake: Path, console: Console
 ) -> list[tuple[str, str, Any, int]]:
-    from pgcdc.spark.config import parse_config
+    from pgcdc.pipeline.config import parse_config
 
     db = server.create_database("demo")
     db.execute(SCHEMA)

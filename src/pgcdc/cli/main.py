@@ -886,7 +886,7 @@ def publication_describe(name: str, conninfo: str) -> None:
 def run(pipeline: str) -> None:
     """Run a pipeline (PIPELINE.toml): a slot's changes into Delta mirror/history tables."""
     from pgcdc.cli.run import run_pipeline
-    from pgcdc.spark.config import load_config
+    from pgcdc.pipeline.config import load_config
 
     _check_writable_directory(Path(load_config(pipeline).target_path), "target.path")
     run_pipeline(pipeline)
@@ -912,8 +912,8 @@ def recopy(pipeline: str, table: str) -> None:
     """Copy TABLE of a stopped pipeline anew (after a quarantine): its targets are removed;
     the next `pgcdc run` copies it while the other tables stream, then applies the changes
     logged since."""
-    from pgcdc.spark.config import load_config
-    from pgcdc.spark.pipeline import request_recopy
+    from pgcdc.pipeline import request_recopy
+    from pgcdc.pipeline.config import load_config
 
     removed = request_recopy(load_config(pipeline), table)
     click.echo(f"removed {', '.join(removed)}; the next `pgcdc run` copies {table} again")

@@ -15,11 +15,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from pgcdc.pipeline import Pipeline, PipelineStats, TableProgress
+from pgcdc.pipeline.config import load_config
 from pgcdc.protocol import Lsn
 from pgcdc.replication.slots import connect_sql
-from pgcdc.spark.config import load_config
-from pgcdc.spark.initial_copy import TableProgress
-from pgcdc.spark.pipeline import Pipeline, PipelineStats
 
 __all__ = ["run_pipeline"]
 

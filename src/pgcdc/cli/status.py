@@ -241,8 +241,8 @@ def pipeline_sections(path: Path, *, plot: Path | None = None) -> list[Section]:
     """Everything `pgcdc status PIPELINE.toml` shows: the slot's sections (with the
     pipeline's WAL limit), its batches (and a plot of them), every target's watermark, last
     commit and rows, the initial copy's progress and any table quarantined."""
-    from pgcdc.spark.config import load_config
-    from pgcdc.spark.quarantine import Quarantine
+    from pgcdc.pipeline import Quarantine
+    from pgcdc.pipeline.config import load_config
 
     config = load_config(path)
     state = Path(config.state_path)

@@ -54,14 +54,14 @@ from pgcdc.decoding.assembler import TransactionAssembler
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.decoding.context import DecodingContext
 from pgcdc.errors import SlotNotFound, SourceError
-from pgcdc.pipeline.columns import ColumnIdentities
+from pgcdc.pipeline._columns import ColumnIdentities
 from pgcdc.protocol import Lsn, StreamingMode
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.slots import connect_sql, create_slot, get_slot
 from pgcdc.replication.sql_transport import SqlTransport
 from pgcdc.spark.envelope import ENVELOPE_SCHEMA
-from pgcdc.spark.spool import Spool, SpoolRange, default_spool_dir, read_envelope
-from pgcdc.spark.spooler import Spooler, SpoolWriter
+from pgcdc.spool._session import Spooler, SpoolWriter
+from pgcdc.spool._spool import Spool, SpoolRange, default_spool_dir, read_envelope
 
 __all__ = ["PgoutputDataSource", "SourceOptions", "register"]
 

@@ -4,7 +4,8 @@
 makes the one a configuration names. `DeltaTarget` keeps one Delta Lake table (through
 delta-rs) from one source table's change envelopes, as a mirror (SCD type 1), a history (SCD
 type 2) or an append-only change log, exactly once; `read_target` reads such a table into
-Spark. `pgcdc.targets.fold` holds the CDC semantics, free of I/O.
+Spark. `pgcdc.targets.fold` holds the CDC semantics, free of I/O. (`pgcdc.spark.read_target` reads
+such a table into Spark.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pgcdc.targets.base import (
     open_target,
 )
 from pgcdc.targets.delta import DeltaTarget
-from pgcdc.targets.read import read_target
 
 __all__ = [
     "END_AT",
@@ -34,5 +34,4 @@ __all__ = [
     "Target",
     "TargetSpec",
     "open_target",
-    "read_target",
 ]

@@ -21,7 +21,7 @@ from pgcdc.protocol import Lsn, Message, Relation, StreamingMode, Truncate
 from pgcdc.protocol.messages import TRUNCATE_CASCADE, TRUNCATE_RESTART_IDENTITY
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
-from pgcdc.spark.spool import Spool
+from pgcdc.spool._spool import Spool
 
 __all__ = ["SpoolWriter", "Spooler"]
 

@@ -82,7 +82,7 @@ class SpoolRange:
     """Whole units of one file: what one task reads for one relation. `versions` are the
     Relation messages the units' frames were sent under (encoded), by version number;
     `attnums`, when known, what each version's columns are (their attnums, resolved from the
-    catalog on the driver: `pgcdc.pipeline.columns`)."""
+    catalog on the driver: `pgcdc.pipeline._columns`)."""
 
     relid: int
     path: str

@@ -37,7 +37,8 @@ from psycopg import sql
 
 from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, Shape, snapshot_reads
 from pgcdc.errors import PgcdcError, SlotNotFound, ValueOutOfRange
-from pgcdc.pipeline.lineage import SlotLineage
+from pgcdc.pipeline._dispatch import Dispatcher
+from pgcdc.pipeline._lineage import SlotLineage
 from pgcdc.protocol import Lsn, Relation
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.slots import connect_sql, drop_slot
@@ -45,7 +46,6 @@ from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.snapshot.relation import catalog_relation
-from pgcdc.spark.session import error_line
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.targets.base import copy_watermark
 from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
@@ -177,7 +177,7 @@ class InitialCopy:
 
     def __init__(
         self,
-        spark: Any,
+        dispatcher: Dispatcher,
         conninfo: str,
         slot: str,
         targets: dict[str, list[Target]],
@@ -191,7 +191,7 @@ class InitialCopy:
         lineage: SlotLineage | None = None,
         changelog_reads: bool = True,
     ) -> None:
-        self.spark = spark
+        self.dispatcher = dispatcher
         #: Where the slot this copy creates is recorded as the pipeline's.
         self.lineage = lineage
         #: A change log starts with the copied rows as snapshot reads (op "read"); else a
@@ -431,12 +431,11 @@ class InitialCopy:
             progress = self.progress[table]
             try:
                 if tasks:
-                    rdd = self.spark.sparkContext.parallelize(tasks, len(tasks)).map(copy_chunk)
-                    for timings in rdd.collect():
+                    for timings in self.dispatcher.map(copy_chunk, tasks):
                         for phase, seconds in timings.items():
                             progress.phases[phase] = progress.phases.get(phase, 0.0) + seconds
             except Exception as exc:
-                progress.error = error_line(exc)
+                progress.error = str(exc) if isinstance(exc, PgcdcError) else repr(exc)
 
         threads = [
             threading.Thread(target=job, args=item, name=f"pgcdc-copy-{item[0]}", daemon=True)

@@ -4,7 +4,7 @@ The driver plans a batch (a range of spooled transactions) and cuts it into `Tab
 one per configured table with changes: the table's spool ranges, its targets and what
 typing needs (the descriptions of its types, read on the driver). Spark tasks run `apply_tables` on
 groups of them, in parallel: each reads its ranges, builds the envelope a column at a time
-(`pgcdc.spark.spool.read_envelope`) and applies it to every target of the table, each
+(`pgcdc.spool._spool.read_envelope`) and applies it to every target of the table, each
 committing its data with the batch's watermark. Only a small `TableOutcome` per table goes
 back to the driver.
 
@@ -29,7 +29,7 @@ from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA
 from pgcdc.errors import TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
-from pgcdc.spark.spool import SpoolRange, read_envelope
+from pgcdc.spool._spool import SpoolRange, read_envelope
 from pgcdc.targets import TargetSpec, open_target
 from pgcdc.types.catalog import TypeDescriptions
 

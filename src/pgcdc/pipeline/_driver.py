@@ -3,7 +3,7 @@
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
 Spark job whose tasks read the spool, build the envelope a column at a time and apply every
-configured table to its targets in parallel (`pgcdc.spark.batch`). Every target commits its
+configured table to its targets in parallel (`pgcdc.pipeline._work`). Every target commits its
 data together with the batch's highest commit LSN, so a batch replayed after a crash changes
 nothing. Only when every table of a batch is applied does the slot move past it (the
 replication client's `Acknowledgement`); a crash anywhere loses nothing: the slot sends the
@@ -36,9 +36,19 @@ from pgcdc.monitoring import (
     wal_warnings,
     write_lag,
 )
-from pgcdc.pipeline.columns import ColumnIdentities
-from pgcdc.pipeline.lineage import SlotLineage
-from pgcdc.pipeline.startup import (
+from pgcdc.pipeline._bindings import (
+    BindingError,
+    TableBindings,
+    TableEvent,
+    bind_partition,
+    inspect_tables,
+)
+from pgcdc.pipeline._columns import ColumnIdentities
+from pgcdc.pipeline._copy import InitialCopy, TableProgress
+from pgcdc.pipeline._dispatch import Dispatcher, DispatchError
+from pgcdc.pipeline._lineage import SlotLineage
+from pgcdc.pipeline._quarantine import Quarantine
+from pgcdc.pipeline._startup import (
     REFUSALS,
     CopyCondition,
     Decision,
@@ -49,13 +59,7 @@ from pgcdc.pipeline.startup import (
     judge_slot,
     tables_to_copy,
 )
-from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
-from pgcdc.replication.connection import ReplicationConnection
-from pgcdc.replication.options import StreamOptions
-from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slot, get_slot
-from pgcdc.replication.stream import LogicalStream
-from pgcdc.snapshot.fill import SourceFills
-from pgcdc.spark.batch import (
+from pgcdc.pipeline._work import (
     TableOutcome,
     TableWork,
     apply_error_line,
@@ -63,19 +67,15 @@ from pgcdc.spark.batch import (
     group_work,
     warm_up,
 )
-from pgcdc.spark.bindings import (
-    BindingError,
-    TableBindings,
-    TableEvent,
-    bind_partition,
-    inspect_tables,
-)
-from pgcdc.spark.config import PipelineConfig, TableTarget
-from pgcdc.spark.initial_copy import InitialCopy, TableProgress
-from pgcdc.spark.quarantine import Quarantine
-from pgcdc.spark.session import error_line
-from pgcdc.spark.spool import MESSAGES, Spool, SpoolRange, default_spool_dir
-from pgcdc.spark.spooler import Spooler
+from pgcdc.pipeline.config import PipelineConfig, TableTarget
+from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
+from pgcdc.replication.connection import ReplicationConnection
+from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slot, get_slot
+from pgcdc.replication.stream import LogicalStream
+from pgcdc.snapshot.fill import SourceFills
+from pgcdc.spool._session import Spooler
+from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeCatalog
 
@@ -147,12 +147,14 @@ class Pipeline:
         self,
         config: PipelineConfig,
         spark: Any = None,
+        dispatcher: Dispatcher | None = None,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
         on_copy: Callable[[dict[str, TableProgress]], None] | None = None,
     ) -> None:
         self.config = config
         self._spark = spark
+        self._dispatcher = dispatcher
         self.on_batch = on_batch
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
@@ -165,7 +167,7 @@ class Pipeline:
         for spec in config.targets():
             self.targets.setdefault(spec.table, []).append((spec, self._open(spec)))
         self.stats = PipelineStats()
-        #: What the pipeline knows of its slot (`pgcdc.pipeline.lineage`).
+        #: What the pipeline knows of its slot (`pgcdc.pipeline._lineage`).
         self.lineage = SlotLineage(Path(config.state_path) / "slot.json")
         #: The start's decision (`prepare`), and what happened to the slot, for messages.
         self.decision: Decision | None = None
@@ -207,13 +209,17 @@ class Pipeline:
         )
 
     @property
-    def spark(self) -> Any:
-        """The Spark session given, or a local one started on first use (`prepare`)."""
-        if self._spark is None:
+    def dispatcher(self) -> Dispatcher:
+        """Where the work runs: the dispatcher given, or Spark tasks on the session given (a
+        local one, started on first use: `prepare`) through `pgcdc.spark.SparkDispatcher`."""
+        if self._dispatcher is None:
+            from pgcdc.spark.dispatch import SparkDispatcher
             from pgcdc.spark.session import local_session
 
-            self._spark = local_session(f"pgcdc-{self.config.name}")
-        return self._spark
+            if self._spark is None:
+                self._spark = local_session(f"pgcdc-{self.config.name}")
+            self._dispatcher = SparkDispatcher(self._spark)
+        return self._dispatcher
 
     # -- a batch -----------------------------------------------------------------------------
 
@@ -284,12 +290,12 @@ class Pipeline:
     def _run_tasks(self, works: list[TableWork]) -> list[TableOutcome]:
         if not works:
             return []
-        context = self.spark.sparkContext
-        groups = group_work(works, max(1, int(context.defaultParallelism)))
+        dispatcher = self.dispatcher
+        groups = group_work(works, dispatcher.parallelism)
         try:
-            results = context.parallelize(groups, len(groups)).map(apply_tables).collect()
-        except Exception as exc:
-            raise PipelineFailed(error_line(exc)) from None
+            results = dispatcher.map(apply_tables, groups)
+        except DispatchError as exc:
+            raise PipelineFailed(str(exc)) from None
         return [outcome for result in results for outcome in result]
 
     def apply_batch(self, batch_id: int, start: Lsn, end: Lsn) -> BatchReport:
@@ -380,7 +386,7 @@ class Pipeline:
 
     def bind(self) -> TableBindings:
         """The configured tables' relation OIDs, resolved or re-checked once per run
-        (`pgcdc.spark.bindings`): raises `BindingError` naming a table that cannot be
+        (`pgcdc.pipeline._bindings`): raises `BindingError` naming a table that cannot be
         followed; a table whose rows changed since with no change in the stream is
         resynchronized."""
         if self.bindings is None:
@@ -399,7 +405,7 @@ class Pipeline:
 
     def watch_tables(self, every: float = 5.0) -> None:
         """At most every `every` seconds, look for what the stream cannot show
-        (`pgcdc.spark.bindings.inspect_tables`): a table dropped and created again, one that
+        (`pgcdc.pipeline._bindings.inspect_tables`): a table dropped and created again, one that
         left its publication, stops the pipeline (or sets the table aside, with
         ``on_error = "quarantine"``); a table that came back to its publication, or gained
         or lost partitions, is resynchronized while the others stream."""
@@ -478,7 +484,7 @@ class Pipeline:
                 self.on_copy(self.copy_progress)
 
         return InitialCopy(
-            self.spark,
+            self.dispatcher,
             config.conninfo,
             config.slot,
             {table: [t for _, t in targets] for table, targets in self.targets.items()},
@@ -493,7 +499,7 @@ class Pipeline:
         )
 
     def _decide(self) -> Decision:
-        """What to do at start (`pgcdc.pipeline.startup`): refuses with one line when the
+        """What to do at start (`pgcdc.pipeline._startup`): refuses with one line when the
         slot cannot feed the targets. Needs no Spark."""
         config = self.config
         copy = _COPY_STATES.get(
@@ -566,7 +572,7 @@ class Pipeline:
         log.info("replication slot %s is now a failover slot", config.slot)
 
     def start(self) -> None:
-        """Do what `prepare` decided (`pgcdc.pipeline.startup`): copy, copy again, resync
+        """Do what `prepare` decided (`pgcdc.pipeline._startup`): copy, copy again, resync
         or create the slot, or nothing; then find the tables the stream waits for (a copy
         added since, failed or asked for) and start their copy while the stream runs."""
         config = self.config
@@ -756,7 +762,7 @@ class Pipeline:
         self.decision = self._decide()
         self.bind()
         self._check_failover()
-        _ = self.spark
+        _ = self.dispatcher
 
     def run(self, *, tick: Callable[[], None] | None = None) -> PipelineStats:
         """Run until caught up (available-now), `stop()` or an error, after an initial copy
@@ -780,9 +786,7 @@ class Pipeline:
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
         # The Python workers import what the tasks need while the session spools.
-        context = self.spark.sparkContext
-        cores = max(1, int(context.defaultParallelism))
-        context.parallelize(range(cores), cores).map(warm_up).collect()
+        self.dispatcher.map(warm_up, range(self.dispatcher.parallelism))
         try:
             self._stream(spooler, start, tick)
             for thread in self._copies:  # available-now: the copies finish before the run

@@ -1,6 +1,6 @@
 """The pipeline's record of its slot (``<state>/slot.json``): which system and timeline it
 streams from and the furthest position it ever let the slot move to, written (durably) before
-the slot is told. `pgcdc.pipeline.startup.judge_slot` compares a slot with it: a slot of the
+the slot is told. `pgcdc.pipeline._startup.judge_slot` compares a slot with it: a slot of the
 same name confirmed past the record was created anew or moved by someone else."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from pgcdc.errors import PgcdcError
-from pgcdc.pipeline.startup import SlotRecord
+from pgcdc.pipeline._startup import SlotRecord
 from pgcdc.protocol import Lsn
 
 __all__ = ["SlotLineage"]

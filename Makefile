@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml $(wildcard src/pgcdc/*/_*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "pgcdc needs Python 3.11 or later")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,embedded]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

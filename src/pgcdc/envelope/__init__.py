@@ -4,12 +4,14 @@ One row per committed change (`ENVELOPE_ARROW_SCHEMA`), the relation as the chan
 (`Shape`), the one rule for a change's key and row images (`pgcdc.envelope.images`), and
 `EnvelopeBuilder`, which turns decoded changes into envelope batches a column at a time.
 Pure Arrow: the Spark schema (`pgcdc.spark.envelope`) is derived from it, and the targets
-and the ``json`` plugin use it.
+and the ``json`` plugin use it. The rule and the shapes need nothing but the standard
+library (the ``json`` plugin runs on a core install); the Arrow parts need pgcdc's ``spark``
+extra (pyarrow, numpy) and are imported on first use.
 """
 
-from pgcdc.envelope.builder import OP_CODES, EnvelopeBuilder, snapshot_reads
+from typing import Any
+
 from pgcdc.envelope.images import key_pairs, row_pairs
-from pgcdc.envelope.schema import COLUMN_TYPE, ENVELOPE_ARROW_SCHEMA, SEQUENCE_TYPE, TEXT_MAP
 from pgcdc.envelope.shape import ColumnInfo, Shape
 
 __all__ = [
@@ -25,3 +27,23 @@ __all__ = [
     "row_pairs",
     "snapshot_reads",
 ]
+
+_ARROW = {
+    "COLUMN_TYPE": "pgcdc.envelope.schema",
+    "ENVELOPE_ARROW_SCHEMA": "pgcdc.envelope.schema",
+    "SEQUENCE_TYPE": "pgcdc.envelope.schema",
+    "TEXT_MAP": "pgcdc.envelope.schema",
+    "OP_CODES": "pgcdc.envelope.builder",
+    "EnvelopeBuilder": "pgcdc.envelope.builder",
+    "snapshot_reads": "pgcdc.envelope.builder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The Arrow parts, imported on first use (they need the ``spark`` extra)."""
+    module = _ARROW.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pgcdc.envelope' has no attribute {name!r}")
+    from pgcdc.extras import require
+
+    return getattr(require(module, "spark"), name)

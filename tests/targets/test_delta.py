@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 
 from pgcdc.errors import TargetError, ValueOutOfRange
 from pgcdc.targets import DeltaTarget
+from pgcdc.targets._merge import Writer
 
 from .envelopes import (
     INT4,
@@ -327,7 +328,7 @@ def test_a_crash_between_the_commits_of_a_batch_is_replayed_exactly(
     def crash(*args: Any) -> bool:
         raise RuntimeError("killed between the commits")
 
-    monkeypatch.setattr(DeltaTarget, "_write_multiset", crash)
+    monkeypatch.setattr(Writer, "write_multiset", crash)
     with pytest.raises(RuntimeError):
         crashed.apply(batch)
     assert crashed.watermark == 0x100

@@ -15,6 +15,7 @@ from pgcdc.envelope import ColumnInfo, Shape
 from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
+from pgcdc.targets._merge import Writer
 from pgcdc.targets.added_columns import ColumnFill, added_columns
 from pgcdc.types.mapping import MappingOptions
 
@@ -290,8 +291,8 @@ def killed_before_the_commit(
     def crash(*args: Any) -> bool:
         raise RuntimeError("killed before the batch's commit")
 
-    monkeypatch.setattr(DeltaTarget, "_merge_mirror", crash)
-    monkeypatch.setattr(DeltaTarget, "_write_mirror", crash)
+    monkeypatch.setattr(Writer, "merge_mirror", crash)
+    monkeypatch.setattr(Writer, "write_mirror", crash)
     with pytest.raises(RuntimeError):
         t.apply(batch)
     monkeypatch.undo()

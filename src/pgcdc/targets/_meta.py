@@ -1,0 +1,112 @@
+"""What a Delta target records in its commits' metadata, beside its data (no I/O but reading a
+table's history).
+
+* a batch's last commit: the watermark (the application transaction of the writer's app id)
+  and the relation's columns as of the batch's last change (`COLUMNS`: name, type OID, type
+  modifier, key, attnum), which the next batch tells added, renamed and retyped columns by;
+* a batch's commit that is not its last (a batch in which the replica identity changes is
+  written one run at a time): the last change it holds (`PARTIAL`), so that a replay after a
+  crash between them skips what is in;
+* an initial copy's chunk: the chunk, the copy's point and its rows (`CHUNK_KEY`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from deltalake import CommitProperties, DeltaTable, Transaction
+
+from pgcdc.envelope import ColumnInfo, Shape
+from pgcdc.targets.fold import Seq
+
+__all__ = [
+    "CHUNK_KEY",
+    "COLUMNS",
+    "PARTIAL",
+    "POINT_KEY",
+    "ROWS_KEY",
+    "batch_commit",
+    "last_commit",
+    "partial_commit",
+    "partial_seq",
+    "recorded",
+    "recorded_columns",
+    "recorded_keys",
+]
+
+#: Commit metadata of an initial copy's chunk: the chunk, the copy's point, its rows.
+CHUNK_KEY, POINT_KEY, ROWS_KEY = (
+    "pgcdc.snapshot.chunk",
+    "pgcdc.snapshot.point",
+    "pgcdc.snapshot.rows",
+)
+#: Commit metadata: the last change of a batch's commit that is not its last; the
+#: relation's columns as of a batch's last change.
+PARTIAL, COLUMNS = "pgcdc.partial", "pgcdc.columns"
+#: The most commits `DeltaTarget.maintain` makes in a row (compaction, vacuum start and end).
+MAINTENANCE_COMMITS = 4
+
+
+def recorded_columns(columns: Iterable[ColumnInfo]) -> str:
+    """The `COLUMNS` metadata: [name, type OID, type modifier, key, attnum] per column."""
+    return json.dumps([[c.name, c.type_oid, c.type_modifier, c.key, c.attnum] for c in columns])
+
+
+def recorded(last: dict[str, Any]) -> tuple[ColumnInfo, ...] | None:
+    """The relation's columns recorded with the last batch (None: not recorded). Older
+    tables recorded fewer fields (names only, then no key flag, then no attnum)."""
+    found = json.loads(last.get(COLUMNS) or "null")
+    if found is None:
+        return None
+    columns = []
+    for entry in found:
+        fields: list[Any] = [entry] if isinstance(entry, str) else list(entry)
+        name, type_oid, modifier, key, attnum = [*fields, 0, -1, None, 0][:5]
+        columns.append(ColumnInfo(str(name), int(type_oid), int(modifier), bool(key), int(attnum)))
+    return tuple(columns)
+
+
+def recorded_keys(columns: tuple[ColumnInfo, ...] | None) -> tuple[str, ...] | None:
+    """The key columns recorded with the last batch (None: not recorded)."""
+    if columns is None or not columns or any(c.type_oid == 0 for c in columns):
+        return None
+    return tuple(c.name for c in columns if c.key)
+
+
+def batch_commit(app_id: str, high: int, shape: Shape) -> CommitProperties:
+    """A batch's last commit: the watermark, and the columns of the relation as of the
+    batch's last change, with their types and attnums."""
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, high)],
+        custom_metadata={COLUMNS: recorded_columns(shape.columns)},
+    )
+
+
+def partial_commit(app_id: str, seq: Seq) -> CommitProperties:
+    """A batch's commit that is not its last: the last change it holds."""
+    marker = json.dumps({"app_id": app_id, "commit_lsn": seq[0], "ordinal": seq[1]})
+    return CommitProperties(custom_metadata={PARTIAL: marker})
+
+
+def last_commit(table: DeltaTable | None) -> dict[str, Any]:
+    """The information (custom metadata included) of the latest commit that applied changes:
+    maintenance commits in between are passed over."""
+    for commit in [] if table is None else table.history(MAINTENANCE_COMMITS + 1):
+        if PARTIAL in commit or COLUMNS in commit:
+            return commit
+    return {}
+
+
+def partial_seq(last: dict[str, Any], app_id: str, watermark: int | None) -> Seq | None:
+    """The last change in the table, when its latest commit is one of a batch that did not
+    finish (a crash came before the batch's last commit)."""
+    marker = last.get(PARTIAL)
+    if marker is None:
+        return None
+    data = json.loads(marker)
+    seq = (int(data["commit_lsn"]), int(data["ordinal"]))
+    if data.get("app_id") != app_id or (watermark is not None and seq[0] <= watermark):
+        return None
+    return seq

@@ -1,0 +1,87 @@
+"""One Delta table as a target holds it: opened once and kept between batches (its log read
+again only from the version it knows: `update_incremental`), created with the target's mode and
+source, read through DataFusion."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
+
+from pgcdc.errors import TargetError
+from pgcdc.targets._arrow import conform
+from pgcdc.targets.base import Mode
+
+__all__ = ["TableIO"]
+
+
+class TableIO:
+    """The Delta table at `path` of a target of `mode` (None until it exists)."""
+
+    def __init__(self, path: str, mode: Mode, storage_options: dict[str, str] | None) -> None:
+        self.path = path
+        self.mode = mode
+        self.storage_options = storage_options
+        self._table: DeltaTable | None = None
+
+    def open(self) -> DeltaTable | None:
+        """The table as of now (its log read from where it was), or None when there is none
+        yet; refuses one of another mode."""
+        table = self._table
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except Exception:  # removed, or replaced under us: read it anew
+                self._table = None
+        if not DeltaTable.is_deltatable(self.path, self.storage_options):
+            return None
+        table = self.load()
+        mode = table.metadata().configuration.get("pgcdc.mode")
+        if mode is not None and mode != self.mode:
+            self._table = None
+            raise TargetError(f"{self.path} is a pgcdc {mode} table, not {self.mode}")
+        return table
+
+    def load(self) -> DeltaTable:
+        """The table read anew."""
+        self._table = DeltaTable(self.path, storage_options=self.storage_options)
+        return self._table
+
+    def create(self, schema: pa.Schema, source: str) -> DeltaTable:
+        configuration = {"pgcdc.mode": self.mode, "pgcdc.source": source}
+        DeltaTable.create(
+            self.path,
+            schema,
+            mode="ignore",
+            name=source,
+            configuration=configuration,
+            storage_options=self.storage_options,
+            raise_if_key_not_exists=False,  # delta-rs refuses keys outside delta.* otherwise
+        )
+        return self.load()
+
+    @property
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.path, self.storage_options)
+
+    @staticmethod
+    def schema(table: DeltaTable) -> pa.Schema:
+        return pa.schema(table.schema().to_arrow())
+
+    def query(self, table: DeltaTable, sql: str, schema: pa.Schema) -> pa.Table:
+        """`sql` over the table (registered as ``t``), cast to `schema`.
+
+        Through DataFusion rather than `to_pyarrow_table`: pyarrow's dataset scan over
+        delta-rs's Python file system can abort the interpreter at exit; DataFusion also
+        returns string_view columns, hence the cast."""
+        result = pa.table(QueryBuilder().register("t", table).execute(sql))
+        return conform(result, schema)
+
+    def read_all(self, table: DeltaTable) -> pa.Table:
+        return self.query(table, "SELECT * FROM t", self.schema(table))
+
+    def mark(self, table: DeltaTable, commit: CommitProperties) -> None:
+        """A commit that only records the watermark (an empty append)."""
+        write_deltalake(
+            table, self.schema(table).empty_table(), mode="append", commit_properties=commit
+        )

@@ -45,7 +45,7 @@ from pgcdc.pipeline._bindings import (
 )
 from pgcdc.pipeline._columns import ColumnIdentities
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
-from pgcdc.pipeline._dispatch import Dispatcher, DispatchError
+from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
 from pgcdc.pipeline._lineage import SlotLineage
 from pgcdc.pipeline._quarantine import Quarantine
 from pgcdc.pipeline._startup import (
@@ -64,6 +64,7 @@ from pgcdc.pipeline._work import (
     TableWork,
     apply_error_line,
     apply_tables,
+    forget_open_targets,
     group_work,
     warm_up,
 )
@@ -155,6 +156,8 @@ class Pipeline:
         self.config = config
         self._spark = spark
         self._dispatcher = dispatcher
+        #: Applies small batches in this process (`_run_tasks`).
+        self._inline = InlineDispatcher(parallelism=2)
         self.on_batch = on_batch
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
@@ -288,9 +291,12 @@ class Pipeline:
         return works
 
     def _run_tasks(self, works: list[TableWork]) -> list[TableOutcome]:
+        """The batch's tables applied: by the driver itself when the batch is small (a
+        Spark job's set-up would cost more), else by a Spark job."""
         if not works:
             return []
-        dispatcher = self.dispatcher
+        small = sum(w.changes for w in works) <= self.config.inline_max_changes
+        dispatcher = self._inline if small else self.dispatcher
         groups = group_work(works, dispatcher.parallelism)
         try:
             results = dispatcher.map(apply_tables, groups)
@@ -786,6 +792,7 @@ class Pipeline:
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
         # The Python workers import what the tasks need while the session spools.
+        forget_open_targets()
         self.dispatcher.map(warm_up, range(self.dispatcher.parallelism))
         try:
             self._stream(spooler, start, tick)
@@ -911,6 +918,7 @@ def request_recopy(config: PipelineConfig, table: str) -> list[str]:
     if remote:
         raise PgcdcError(f"{remote[0]}: recopy removes local targets only")
     Quarantine(Path(config.state_path) / "quarantine.json").request_recopy(table)
+    forget_open_targets()
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
     return paths

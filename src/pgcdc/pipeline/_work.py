@@ -30,14 +30,16 @@ from pgcdc.errors import TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._spool import SpoolRange, read_envelope
-from pgcdc.targets import TargetSpec, open_target
+from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeDescriptions
+from pgcdc.types.registry import TypeRegistry
 
 __all__ = [
     "TableOutcome",
     "TableWork",
     "apply_error_line",
     "apply_tables",
+    "forget_open_targets",
     "group_work",
     "warm_up",
 ]
@@ -101,15 +103,44 @@ def group_work(works: list[TableWork], tasks: int) -> list[list[TableWork]]:
 
 def warm_up(_: object) -> bool:
     """A task that only imports what `apply_tables` needs: run once per executor core at the
-    start, so that the first batch does not wait for the Python workers' imports."""
+    start, so that the first batch does not wait for the Python workers' imports; a worker
+    kept from an earlier run forgets the targets it had open."""
     import deltalake  # noqa: F401
 
+    forget_open_targets()
     return True
 
 
 def apply_tables(works: Iterable[TableWork]) -> list[TableOutcome]:
-    """Runs in a Spark task: each table's changes to its targets (see the module)."""
+    """Runs where the work is dispatched (a Spark task, or the driver for a small batch):
+    each table's changes to its targets (see the module)."""
     return [_apply(work) for work in works]
+
+
+#: The targets this process applies to, kept open between batches (a Spark Python worker
+#: runs many tasks; the driver applies small batches itself): their tables' logs are read
+#: from where they were, not anew. By (path, mode, app id).
+_OPEN: dict[tuple[str, str, str], Target] = {}
+
+
+def _target(work: TableWork, spec: TargetSpec, registry: TypeRegistry) -> Target:
+    """`spec`'s target, open since an earlier batch of this process or opened now, typing
+    with `registry` (the types may have been described anew since)."""
+    key = (spec.path, spec.mode, work.app_id)
+    target = _OPEN.get(key)
+    if target is None or target.spec != spec:
+        fills = SourceFills(work.conninfo)
+        target = open_target(
+            spec, app_id=work.app_id, registry=registry, source=work.table, fills=fills
+        )
+        _OPEN[key] = target
+    target.registry = registry
+    return target
+
+
+def forget_open_targets() -> None:
+    """Targets are opened anew from now on (a run starts; targets were removed)."""
+    _OPEN.clear()
 
 
 def _apply(work: TableWork) -> TableOutcome:
@@ -126,11 +157,8 @@ def _apply(work: TableWork) -> TableOutcome:
         else:
             _check_truncates(work, rows)
             registry = work.types.registry()
-            fills = SourceFills(work.conninfo)
             for spec in work.targets:
-                target = open_target(
-                    spec, app_id=work.app_id, registry=registry, source=work.table, fills=fills
-                )
+                target = _target(work, spec, registry)
                 result = target.apply(rows)
                 maintained = time.monotonic()
                 target.maintain()
@@ -139,6 +167,8 @@ def _apply(work: TableWork) -> TableOutcome:
                 outcome.phases["fold"] += result.fold_seconds
                 outcome.phases["write"] += result.write_seconds + time.monotonic() - maintained
     except Exception as exc:
+        for spec in work.targets:  # its state may be half-way: open it anew next time
+            _OPEN.pop((spec.path, spec.mode, work.app_id), None)
         outcome.error = apply_error_line(work.table, rows, exc)
         if work.on_error == "quarantine" and not work.pending:
             _log(work, rows, outcome)

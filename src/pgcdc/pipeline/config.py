@@ -31,6 +31,7 @@ on_error = "stop"                  # a change a table cannot take: "stop" or "qu
 available_now = false              # true: catch up, then stop
 interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
+inline_max_changes = 50000         # a batch this small is applied by the driver, not Spark
 
 [metrics]                          # off unless a port is given
 port = 9187                        # Prometheus metrics at http://127.0.0.1:9187/metrics
@@ -48,7 +49,11 @@ Paths are relative to the configuration file's directory. The pipeline keeps its
 read it) must then be a directory every executor reads (`spool_dir`: NFS, EFS, a DBFS mount).
 ``interval`` is a number of seconds or a text such as
 ``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
-soon as changes are there and the interval since the last one has passed).
+soon as changes are there and the interval since the last one has passed). Batches adapt to
+the load by themselves: while one is applied the next one's changes gather, so a batch that
+takes long is followed by a larger one. A batch of at most ``inline_max_changes`` changes is
+applied by the driver itself, its targets kept open between batches; a larger one (a backlog)
+by a Spark job over its tables.
 
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
@@ -116,6 +121,10 @@ class PipelineConfig:
     available_now: bool = False
     interval_seconds: float = 0.5
     max_changes_per_batch: int | None = 1_000_000
+    #: A batch of at most this many changes is applied by the driver itself (threads, the
+    #: targets kept open), not by a Spark job: a job's set-up would cost more than the
+    #: batch. 0: every batch is a Spark job.
+    inline_max_changes: int = 50_000
     #: Seconds between standby status updates when nothing else makes one due.
     status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
@@ -199,7 +208,7 @@ KEYS = {
     ),
     "snapshot": ("enabled", "chunk_blocks", "changelog_reads"),
     "target": ("path", "on_error", "state", "storage_options"),
-    "trigger": ("available_now", "interval", "max_changes_per_batch"),
+    "trigger": ("available_now", "interval", "max_changes_per_batch", "inline_max_changes"),
     "metrics": ("port", "host"),
 }
 STREAMING = ("on", "off", "parallel")
@@ -353,6 +362,12 @@ def _positive(value: Any, where: str) -> int:
     return value
 
 
+def _count(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where} must be a whole number (0 or more)")
+    return value
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not value or not value.replace("-", "_").isidentifier():
         raise ConfigError(
@@ -427,6 +442,9 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         available_now=_flag(trigger, "available_now", "trigger", False),
         interval_seconds=parse_interval(trigger.get("interval", 0.5), "trigger.interval"),
         max_changes_per_batch=max_changes,
+        inline_max_changes=_count(
+            trigger.get("inline_max_changes", 50_000), "trigger.inline_max_changes"
+        ),
         status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,
         on_detach=on_detach,

@@ -93,6 +93,8 @@ class Target(ABC):
     path: str
     mode: Mode
     app_id: str
+    #: How values are typed (the built-in types and the descriptions of the others).
+    registry: TypeRegistry
 
     @property
     @abstractmethod

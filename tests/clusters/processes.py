@@ -11,12 +11,11 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerProcess", "StartError", "free_port", "http_ready", "tail"]
+__all__ = ["ServerProcess", "StartError", "free_port", "tail"]
 
 
 class StartError(RuntimeError):
@@ -39,21 +38,6 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"(no log at {path})"
     kept = [line for line in text.splitlines() if not line.lstrip().startswith("at ")]
     return "\n".join(kept[-lines:])
-
-
-def http_ready(url: str) -> Callable[[], bool]:
-    """A readiness probe: any HTTP answer (even an error status) from ``url``."""
-
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return True
-        except urllib.error.HTTPError:
-            return True
-        except OSError:
-            return False
-
-    return probe
 
 
 @dataclass(slots=True)
@@ -81,11 +65,6 @@ class ServerProcess:
                 start_new_session=True,
             )
         return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"{self.name} not started"
-        return self.proc.pid
 
     def failure(self, what: str) -> StartError:
         return StartError(f"{self.name}: {what}; last lines of {self.log}:\n{tail(self.log)}")
@@ -119,9 +98,6 @@ class ServerProcess:
 
         self.wait_for(matched, timeout, f"log line /{pattern}/")
         return found[0]
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM to the process group, SIGKILL after ``timeout`` seconds."""

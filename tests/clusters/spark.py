@@ -70,16 +70,14 @@ def java_env() -> dict[str, str]:
 
 def spark_env() -> dict[str, str]:
     """The environment every Spark process of the tests gets: the wheel's SPARK_HOME, this
-    interpreter for Python workers (it has pgcdc), loopback only, small daemon heaps."""
+    interpreter for Python workers (it has pgcdc), loopback only, and ``tests/`` on the
+    PYTHONPATH of the daemons, so of the executors and their Python workers."""
     return {
         "SPARK_HOME": str(spark_home()),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYTHONPATH": str(TESTS_DIR),
-        # A launcher run under `nice` or in a shell without job control must not pass on a
-        # PYTHONPATH or a SPARK_CONF_DIR of its own.
-        "SPARK_CONF_DIR": str(spark_home() / "conf"),
         **java_env(),
     }
 
@@ -350,7 +348,7 @@ def classic_session(conf: Mapping[str, str]) -> Any:
     """A classic SparkSession with ``conf`` (e.g. ``StandaloneCluster.driver_conf()``), for a
     driver process of its own: one JVM per process, so not inside the pytest process that
     already has the local ``spark`` fixture."""
-    os.environ.update({k: v for k, v in spark_env().items() if k != "SPARK_CONF_DIR"})
+    os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder

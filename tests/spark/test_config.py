@@ -82,6 +82,11 @@ def test_sizes(value: Any, expected: int) -> None:
         ({"target": {"path": "s3://b/lake"}}, "target.path s3://b/lake is an object store: give"),
         ({"target": {"path": "l", "state": 3}}, "target.state must be a directory"),
         ({"target": {"path": "l", "storage_options": "x"}}, "[storage_options] must be a table"),
+        (
+            {"target": {"path": "l", "table_properties": {"targetFileSize": "1"}}},
+            "target.table_properties: targetFileSize is not a Delta table property (delta.*)",
+        ),
+        ({"trigger": {"inline_max_changes": -1}}, "trigger.inline_max_changes must be a whole"),
         ({"source": {**BASE["source"], "spool_dir": ""}}, "source.spool_dir must be a directory"),
         # what a new user types: a misspelt key, a section that does not exist, a string flag
         ({"trigger": {"intervall": 1}}, "unknown key 'intervall' in [trigger]; did you mean 'i"),
@@ -158,8 +163,23 @@ def test_targets_on_an_object_store(tmp_path: Path) -> None:
     (target,) = parsed.targets()
     assert target.path == "s3://bucket/lake/public.t"
     assert target.spec.storage_options == {"AWS_REGION": "eu-west-1"}
+    assert target.spec.properties is None
     assert parsed.state_path == str(tmp_path / "state")
     assert parsed.spool_dir == str(tmp_path / "spool")
     local = parse_config({**BASE, "target": {"path": "file:///data/lake"}})
     assert local.targets()[0].path == "file:///data/lake/public.t"
     assert local.state_path == "/data/lake/_pgcdc/pipeline"
+
+
+def test_table_properties_go_with_every_target() -> None:
+    parsed = parse_config(
+        {
+            **BASE,
+            "target": {
+                "path": "lake",
+                "table_properties": {"delta.deletedFileRetentionDuration": "interval 7 days"},
+            },
+        }
+    )
+    (target,) = parsed.targets()
+    assert target.spec.properties == {"delta.deletedFileRetentionDuration": "interval 7 days"}

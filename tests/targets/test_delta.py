@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pgcdc.errors import TargetError, ValueOutOfRange
-from pgcdc.targets import DeltaTarget
+from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget
 from pgcdc.targets._merge import Writer
 
 from .envelopes import (
@@ -63,7 +63,11 @@ def test_mirror_folds_a_batch_into_one_commit(tmp_path: Path) -> None:
     assert result.watermark == 0x300 == t.watermark
     assert result.version == 1  # the table's creation, then the batch's one MERGE
     dt = DeltaTable(t.path)
-    assert dt.metadata().configuration == {"pgcdc.mode": "mirror", "pgcdc.source": "public.items"}
+    assert dt.metadata().configuration == {
+        **TABLE_PROPERTIES,
+        "pgcdc.mode": "mirror",
+        "pgcdc.source": "public.items",
+    }
 
 
 def test_mirror_key_change_upserting_inserts_and_missing_deletes(tmp_path: Path) -> None:
@@ -397,15 +401,18 @@ def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
 ) -> None:
     import pgcdc.targets.delta as delta
 
-    monkeypatch.setattr(delta, "CHECKPOINT_EVERY", 5)
     monkeypatch.setattr(delta, "COMPACT_EVERY", 10)
-    t = target(tmp_path, "history")
+    monkeypatch.setattr(delta, "SMALL_FILES", 4)
+    t = target(tmp_path, "history", properties={"delta.checkpointInterval": "5"})
     batches = [envelope(txn(0x100 * (i + 1), insert(REL, id=i, name="n"))) for i in range(12)]
     for batch in batches:
         t.apply(batch)
         t.maintain()
     table = DeltaTable(t.path)
     assert len(table.file_uris()) < 5  # twelve appends' files, compacted
+    configuration = table.metadata().configuration
+    assert configuration["delta.targetFileSize"] == str(8 << 20)  # pgcdc's, and the target's:
+    assert configuration["delta.checkpointInterval"] == "5"
     assert any(
         p.name.endswith(".checkpoint.parquet")
         for p in (tmp_path / "history" / "_delta_log").iterdir()
@@ -414,3 +421,86 @@ def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     assert state.rows == 12 and state.watermark == 0x100 * 12
     assert t.apply(batches[3]).applied == 0  # replays still skip
     assert sorted(v[0] for v in versions(t)) == list(range(12))
+
+
+def _operations(t: DeltaTarget) -> list[str]:
+    """The table's commits' operations, oldest first."""
+    return [c["operation"] for c in reversed(DeltaTable(t.path).history())]
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_a_batch_of_new_keys_is_appended(tmp_path: Path, mode: str) -> None:
+    """Keys the batch inserts first (the source did not have them) are appended, not merged:
+    including a key inserted, updated and deleted again within the batch (nothing of it
+    stays), and a history's versions closed in the batch."""
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"))))
+    t.apply(
+        envelope(
+            txn(0x200, insert(REL, id=2, name="b"), insert(REL, id=3, name="c")),
+            txn(0x300, update(REL, {"id": 2, "name": "b2"}), delete(REL, id=3)),
+        )
+    )
+    assert _operations(t)[-1] == "WRITE"
+    if mode == "mirror":
+        assert rows(t.to_arrow()) == [(1, "a", None), (2, "b2", None)]
+    else:
+        assert versions(t) == [
+            (1, "a", None, (0x100, 1), None),
+            (2, "b", None, (0x200, 1), (0x300, 1)),
+            (2, "b2", None, (0x300, 1), None),
+            (3, "c", None, (0x200, 2), (0x300, 2)),
+        ]
+    assert t.watermark == 0x300
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_an_insert_of_a_key_the_target_holds_is_merged(tmp_path: Path, mode: str) -> None:
+    """A target holding a key the batch inserts (rows kept on purpose: a detached
+    partition's, with on_detach "keep") is merged into, never given a second row."""
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="kept"))))
+    t.apply(envelope(txn(0x200, insert(REL, id=1, name="new"), insert(REL, id=9, name="x"))))
+    assert _operations(t)[-1] == "MERGE"
+    if mode == "mirror":
+        assert rows(t.to_arrow()) == [(1, "new", None), (9, "x", None)]
+    else:
+        assert [v for v in versions(t) if v[4] is None] == [
+            (1, "new", None, (0x200, 1), None),
+            (9, "x", None, (0x200, 2), None),
+        ]
+
+
+def test_key_filter_names_the_batch_keys_as_literals() -> None:
+    """The target-only condition a MERGE gets, so that delta-rs prunes files by their
+    statistics: the first key column's values, a range when they are many, NULL-safe."""
+    import pyarrow as pa
+
+    from pgcdc.targets import _arrow
+    from pgcdc.targets._merge import key_filter
+
+    ints = pa.table({"id": [3, 1, 3, None], "b": ["x", "y", "z", "w"]})
+    assert key_filter(["id", "b"], ints) == '(t."id" IN (3, 1) OR t."id" IS NULL)'
+    texts = pa.table({"k": ["o'neil", "a"]})
+    assert key_filter(["k"], texts) == "t.\"k\" IN ('o''neil', 'a')"
+    many = pa.table({"id": list(range(_arrow.MAX_IN_LIST + 1))})
+    assert key_filter(["id"], many) == f't."id" BETWEEN 0 AND {_arrow.MAX_IN_LIST}'
+    assert key_filter(["at"], pa.table({"at": pa.array([1.5])})) is None  # no literals
+    assert key_filter([], ints) is None
+
+
+def test_table_properties_are_given_to_tables_made_before(tmp_path: Path) -> None:
+    """A table made without pgcdc's properties (or with other values) gets them, and the
+    target's own, when a target opens it."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = tmp_path / "mirror"
+    write_deltalake(str(path), pa.table({"id": pa.array([1], pa.int32())}))
+    t = DeltaTarget(
+        str(path), "mirror", app_id=APP, properties={"delta.logRetentionDuration": "interval 1 days"}
+    )
+    assert t.watermark is None
+    configuration = DeltaTable(str(path)).metadata().configuration
+    assert configuration["delta.targetFileSize"] == TABLE_PROPERTIES["delta.targetFileSize"]
+    assert configuration["delta.logRetentionDuration"] == "interval 1 days"

@@ -26,6 +26,8 @@ on_error = "stop"                  # a change a table cannot take: "stop" or "qu
 # state = "state"                  # the pipeline's own state (default <path>/_pgcdc/<name>)
 # [target.storage_options]         # for an object store: delta-rs's options, e.g.
 # AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake" (state must then be given)
+# [target.table_properties]        # Delta table properties over pgcdc's, e.g.
+# "delta.deletedFileRetentionDuration" = "interval 7 days"
 
 [trigger]
 available_now = false              # true: catch up, then stop
@@ -97,10 +99,13 @@ class TableTarget:
     mode: Mode
     path: str
     storage_options: Mapping[str, str] | None = None
+    properties: Mapping[str, str] | None = None
 
     @property
     def spec(self) -> TargetSpec:
-        return TargetSpec(self.path, self.mode, storage_options=self.storage_options)
+        return TargetSpec(
+            self.path, self.mode, storage_options=self.storage_options, properties=self.properties
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,9 @@ class PipelineConfig:
     failover: bool = False
     #: delta-rs storage options of the targets (object stores: credentials, region, ...).
     storage_options: dict[str, str] = field(default_factory=dict)
+    #: Delta table properties of the targets, over pgcdc's (`pgcdc.targets.TABLE_PROPERTIES`:
+    #: file size, how long removed files and log entries are kept).
+    table_properties: dict[str, str] = field(default_factory=dict)
     #: Where the pipeline keeps its state (None: beside the targets, when they are local).
     state: str | None = None
     #: Where the driver spools changes for the tasks (None: a temporary directory).
@@ -171,10 +179,11 @@ class PipelineConfig:
     def targets(self) -> list[TableTarget]:
         out = []
         options = self.storage_options or None
+        properties = self.table_properties or None
         for table, modes in self.tables.items():
             for mode in modes:
                 path = join_path(self.target_path, f"{table}{_SUFFIX[mode]}")
-                out.append(TableTarget(table, mode, path, options))  # type: ignore[arg-type]
+                out.append(TableTarget(table, mode, path, options, properties))  # type: ignore[arg-type]
         return out
 
 
@@ -207,7 +216,7 @@ KEYS = {
         "status_interval",
     ),
     "snapshot": ("enabled", "chunk_blocks", "changelog_reads"),
-    "target": ("path", "on_error", "state", "storage_options"),
+    "target": ("path", "on_error", "state", "storage_options", "table_properties"),
     "trigger": ("available_now", "interval", "max_changes_per_batch", "inline_max_changes"),
     "metrics": ("port", "host"),
 }
@@ -415,6 +424,12 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
             "mounted) directory for the pipeline's state"
         )
     storage = _section(target, "storage_options")
+    properties = _section(target, "table_properties")
+    for key in properties:
+        if not str(key).startswith("delta."):
+            raise ConfigError(
+                f"target.table_properties: {key} is not a Delta table property (delta.*)"
+            )
     streaming = source.get("streaming")
     if streaming is not None and streaming not in STREAMING:
         raise ConfigError(
@@ -452,6 +467,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         if max_wal is False
         else parse_size(max_wal, "source.max_retained_wal"),
         storage_options={str(k): str(v) for k, v in storage.items()},
+        table_properties={str(k): str(v) for k, v in properties.items()},
         state=None if state is None else str(base / state),
         spool_dir=_optional_path(source, "spool_dir", base),
         metrics_port=None if metrics.get("port") is None else _port(metrics["port"]),

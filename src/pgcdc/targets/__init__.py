@@ -10,6 +10,7 @@ such a table into Spark.)
 
 from __future__ import annotations
 
+from pgcdc.targets._table import TABLE_PROPERTIES
 from pgcdc.targets.base import (
     END_AT,
     MODES,
@@ -28,6 +29,7 @@ __all__ = [
     "MODES",
     "SEQUENCE_TYPE",
     "START_AT",
+    "TABLE_PROPERTIES",
     "ApplyResult",
     "DeltaTarget",
     "Mode",

@@ -10,9 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.envelope import Shape
-from pgcdc.protocol import TupleData
 from pgcdc.targets.base import END_AT, SEQUENCE_TYPE, START_AT
-from pgcdc.targets.fold import Image, Seq
+from pgcdc.targets.fold import Seq
 
 log = logging.getLogger("pgcdc.targets.delta")
 
@@ -23,7 +22,6 @@ ACTION = "_pgcdc_action"
 RECONCILED = -(1 << 62)
 #: Above this many keys, a lookup of current rows scans instead of listing the keys.
 MAX_IN_LIST = 10_000
-_T, _N, _U = 0x74, 0x6E, 0x75
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 
 
@@ -189,23 +187,3 @@ def literals(column: pa.ChunkedArray) -> list[str] | None:
     if pa.types.is_string(column.type):
         return ["'" + v.replace("'", "''") + "'" for v in values] or ["NULL"]
     return None
-
-
-def tuple_of(image: Image, shape: Shape) -> TupleData:
-    """The image as the TupleData of `shape`: text, NULL, or unchanged TOAST for `missing`."""
-    values, missing = image.values, image.missing
-    kinds = bytearray()
-    cells: list[bytes | None] = []
-    for column in shape.columns:
-        name = column.name
-        value = values.get(name)
-        if name in missing:
-            kinds.append(_U)
-            cells.append(None)
-        elif value is None:
-            kinds.append(_N)
-            cells.append(None)
-        else:
-            kinds.append(_T)
-            cells.append(value.encode())
-    return TupleData(bytes(kinds), tuple(cells))

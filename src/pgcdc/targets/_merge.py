@@ -57,7 +57,34 @@ from pgcdc.targets.fold import (
 from pgcdc.targets.naming import Naming, plan_naming
 from pgcdc.targets.reconcile import hashable
 
-__all__ = ["Writer"]
+__all__ = ["Writer", "key_filter"]
+
+
+def key_filter(key_names: Sequence[str], rows: pa.Table) -> str | None:
+    """A condition on the target alone that every row matching one of `rows` by key meets:
+    its first key column among the rows' values (``t.k IN (...)``, or between their least
+    and greatest when they are many). With literals delta-rs skips the files whose column
+    statistics exclude them (a MERGE's own ``t.k = s.k`` prunes nothing). None for a key
+    type without literals here, or no rows."""
+    if not key_names or rows.num_rows == 0 or key_names[0] not in rows.column_names:
+        return None
+    name = f"t.{q(key_names[0])}"
+    column = rows.column(key_names[0])
+    if column.null_count == len(column):
+        return f"{name} IS NULL"
+    values = pc.unique(column.drop_null() if column.null_count else column)
+    if len(values) > MAX_IN_LIST:
+        bounds = pc.min_max(values)
+        listed = literals(
+            pa.chunked_array([[bounds["min"].as_py(), bounds["max"].as_py()]], column.type)
+        )
+        condition = None if listed is None else f"{name} BETWEEN {listed[0]} AND {listed[1]}"
+    else:
+        listed = literals(pa.chunked_array([values]))
+        condition = None if listed is None else f"{name} IN ({', '.join(listed)})"
+    if condition is not None and column.null_count:  # a key of identity FULL may hold NULL
+        condition = f"({condition} OR {name} IS NULL)"
+    return condition
 
 
 class Writer:
@@ -188,7 +215,25 @@ class Writer:
         if data.num_rows == 0:
             return False
         shape = (images or list(plan.deletes.values()))[0].shape
+        if plan.inserts_only and shape.key_names and not self.holds_any(table, shape, data):
+            upserts = data.filter(pc.equal(data.column(ACTION), "upsert")).drop_columns([ACTION])
+            return upserts.num_rows > 0 and self.append_rows(table, upserts, schema, commit)
         return self.merge_mirror(table, shape, data, schema, commit)
+
+    def holds_any(self, table: DeltaTable, shape: Shape, rows: pa.Table) -> bool:
+        """Whether the target may hold a row (a history: a current version) of one of the
+        keys of `rows`: counted over the files the keys' literals do not exclude (none, for
+        keys past the table's), by the first key column (a composite key may count rows of
+        other keys: then the batch is merged, as any other)."""
+        narrow = key_filter(shape.key_names, rows)
+        if narrow is None:
+            return True
+        if self.mode == "history":
+            narrow += f" AND t.{q(END_AT)} IS NULL"
+        counted = self.io.query(
+            table, f"SELECT count(*) AS n FROM t WHERE {narrow}", pa.schema([("n", pa.int64())])
+        )
+        return bool(counted.column("n")[0].as_py())
 
     def merge_mirror(
         self,
@@ -203,6 +248,9 @@ class Writer:
         if not shape.key_names:
             return self.append_rows(table, data, schema, commit)
         match = self.key_match(shape)
+        narrow = key_filter(shape.key_names, data)
+        if narrow is not None:
+            match.append(narrow)
         before = table.version()
         columns = {q(n): f"s.{q(n)}" for n in schema.names}
         (
@@ -243,6 +291,9 @@ class Writer:
         shape = shapes[0] if shapes else None
         if shape is not None and not shape.key_names and plan.truncated_at is None:
             return self.append_rows(table, data, schema, commit)
+        if shape is not None and plan.inserts_only and not self.holds_any(table, shape, data):
+            versions = data.filter(pc.equal(data.column(ACTION), "insert")).drop_columns([ACTION])
+            return versions.num_rows > 0 and self.append_rows(table, versions, schema, commit)
         match = self.key_match(shape)
         action = f"s.{q(ACTION)}"
         start, end = f"t.{q(START_AT)}", f"t.{q(END_AT)}"
@@ -255,6 +306,9 @@ class Writer:
         if match == ["FALSE"]:
             predicate = "FALSE"
         else:
+            assert shape is not None
+            narrow = key_filter(shape.key_names, data)
+            match += [] if narrow is None else [narrow]
             predicate = " AND ".join([*match, f"(({closing}) OR ({inserting}))"])
         current = self.io.schema(table)
         before = table.version()
@@ -326,7 +380,10 @@ class Writer:
         if source.num_rows == 0 and plan.truncated_at is None:
             return False
         shape = next(iter(plan.images.values())).shape if plan.images else None
-        match = " AND ".join([*self.key_match(shape), f"s.{q(ACTION)} = 'delete'"])
+        conditions = [*self.key_match(shape), f"s.{q(ACTION)} = 'delete'"]
+        if shape is not None and (narrow := key_filter(shape.key_names, source)) is not None:
+            conditions.append(narrow)
+        match = " AND ".join(conditions)
         if history:
             match += f" AND t.{q(END_AT)} IS NULL"
         current = self.io.schema(table)
@@ -476,14 +533,9 @@ class Writer:
         conditions = []
         if self.mode == "history":
             conditions.append(f"t.{q(END_AT)} IS NULL")
-        if key_names and typed_keys.num_rows <= MAX_IN_LIST:  # narrows; matched exactly later
-            first = typed_keys.column(key_names[0])
-            listed = literals(first)
-            if listed is not None:
-                narrow = f"t.{q(key_names[0])} IN ({', '.join(listed)})"
-                if first.null_count:  # a key of identity FULL may hold NULL
-                    narrow = f"({narrow} OR t.{q(key_names[0])} IS NULL)"
-                conditions.append(narrow)
+        narrow = key_filter(key_names, typed_keys)  # narrows; matched exactly later
+        if narrow is not None:
+            conditions.append(narrow)
         sql = f"SELECT {', '.join('t.' + q(c) for c in wanted)} FROM t"
         if conditions:
             sql += " WHERE " + " AND ".join(conditions)

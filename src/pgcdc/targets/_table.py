@@ -1,8 +1,18 @@
 """One Delta table as a target holds it: opened once and kept between batches (its log read
-again only from the version it knows: `update_incremental`), created with the target's mode and
-source, read through DataFusion."""
+again only from the version it knows: `update_incremental`), created with the target's mode,
+source and table properties, read through DataFusion.
+
+The table properties bound what a batch rewrites and what the lake keeps (`TABLE_PROPERTIES`,
+each one overridable per target): a MERGE writes files of at most ``delta.targetFileSize``
+(delta-rs's default, 100 MB, would make one file of a table and rewrite it whole for any
+change), files a commit removed are deleted by the periodic vacuum once older than
+``delta.deletedFileRetentionDuration`` (a reader's query must finish within it), and log
+entries older than ``delta.logRetentionDuration`` go at each checkpoint (time travel reaches
+that far back). A table made before, or with other values, gets them at its first open."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
@@ -11,16 +21,30 @@ from pgcdc.errors import TargetError
 from pgcdc.targets._arrow import conform
 from pgcdc.targets.base import Mode
 
-__all__ = ["TableIO"]
+__all__ = ["TABLE_PROPERTIES", "TableIO"]
+
+#: pgcdc's table properties (see the module docstring); a target's own override them.
+TABLE_PROPERTIES = {
+    "delta.targetFileSize": str(8 << 20),
+    "delta.deletedFileRetentionDuration": "interval 30 minutes",
+    "delta.logRetentionDuration": "interval 2 hours",
+}
 
 
 class TableIO:
     """The Delta table at `path` of a target of `mode` (None until it exists)."""
 
-    def __init__(self, path: str, mode: Mode, storage_options: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        mode: Mode,
+        storage_options: dict[str, str] | None,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
         self.path = path
         self.mode = mode
         self.storage_options = storage_options
+        self.properties = {**TABLE_PROPERTIES, **(properties or {})}
         self._table: DeltaTable | None = None
 
     def open(self) -> DeltaTable | None:
@@ -36,10 +60,14 @@ class TableIO:
         if not DeltaTable.is_deltatable(self.path, self.storage_options):
             return None
         table = self.load()
-        mode = table.metadata().configuration.get("pgcdc.mode")
+        configuration = table.metadata().configuration
+        mode = configuration.get("pgcdc.mode")
         if mode is not None and mode != self.mode:
             self._table = None
             raise TargetError(f"{self.path} is a pgcdc {mode} table, not {self.mode}")
+        changed = {k: v for k, v in self.properties.items() if configuration.get(k) != v}
+        if changed:
+            table.alter.set_table_properties(changed, raise_if_not_exists=False)
         return table
 
     def load(self) -> DeltaTable:
@@ -48,7 +76,7 @@ class TableIO:
         return self._table
 
     def create(self, schema: pa.Schema, source: str) -> DeltaTable:
-        configuration = {"pgcdc.mode": self.mode, "pgcdc.source": source}
+        configuration = {**self.properties, "pgcdc.mode": self.mode, "pgcdc.source": source}
         DeltaTable.create(
             self.path,
             schema,

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.envelope import Shape
-from pgcdc.errors import TargetError
-from pgcdc.protocol import Column, Relation
-from pgcdc.targets._arrow import ACTION, fit, same, same_type, seq, tuple_of, widens, with_column
+from pgcdc.errors import TargetError, ValueOutOfRange
+from pgcdc.protocol import Column, Lsn, Relation
+from pgcdc.targets._arrow import ACTION, fit, same, same_type, seq, widens, with_column
 from pgcdc.targets.added_columns import AddedColumn, ColumnFill, FillSource, fill_array, fill_texts
 from pgcdc.targets.base import END_AT, SEQUENCE_TYPE, START_AT, Mode
 from pgcdc.targets.fold import (
@@ -29,6 +29,7 @@ from pgcdc.targets.fold import (
     fold_multiset,
 )
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
+from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import MappingOptions, arrow_type
 from pgcdc.types.registry import TypeRegistry
 
@@ -46,7 +47,7 @@ class BatchTyping:
     mode: Mode
     #: The value of columns added to the source for the rows before (None: NULL).
     fills: FillSource | None = None
-    builders: dict[Shape, ArrowBatchBuilder] = field(default_factory=dict)
+    typers: dict[Shape, TextColumns] = field(default_factory=dict)
     #: The added (and retyped) columns' fills, and the shape that has each.
     batch_fills: dict[str, tuple[ColumnFill, Shape]] = field(default_factory=dict)
     #: The columns whose type changed beyond a widening, and the sequence of the first change
@@ -55,9 +56,10 @@ class BatchTyping:
     #: The batch's last relation shape (the key's type as values are read now).
     latest: Shape | None = None
 
-    def builder(self, shape: Shape) -> ArrowBatchBuilder:
-        builder = self.builders.get(shape)
-        if builder is None:
+    def columns(self, shape: Shape) -> TextColumns:
+        """How `shape`'s values (the server's text) are typed, a column at a time."""
+        typer = self.typers.get(shape)
+        if typer is None:
             columns = tuple(
                 Column(1 if c.key else 0, c.name, c.type_oid, c.type_modifier)
                 for c in shape.columns
@@ -65,15 +67,12 @@ class BatchTyping:
             relation = Relation(
                 shape.relation_oid, shape.schema, shape.table, shape.replica_identity, columns
             )
-            builder = ArrowBatchBuilder(
-                relation,
-                self.registry,
-                self.options,
-                schema_name=shape.schema,
-                table_name=shape.table,
-            )
-            self.builders[shape] = builder
-        return builder
+            typer = TextColumns(relation, self.registry, self.options, shape.name)
+            self.typers[shape] = typer
+        return typer
+
+    def builder(self, shape: Shape) -> ArrowBatchBuilder:
+        return self.columns(shape).builder
 
     def shape_fields(self, shape: Shape) -> list[pa.Field]:
         schema = self.builder(shape).schema
@@ -158,18 +157,31 @@ class BatchTyping:
     # --- typing ---------------------------------------------------------------------------
 
     def type_images(self, images: Sequence[Image], schema: pa.Schema) -> pa.Table:
-        """Images (text) as typed rows of `schema`, in order; missing values null."""
+        """Images (text) as typed rows of `schema`, in order; missing values null. The
+        images of each shape are typed a column at a time (`TextColumns`)."""
         groups: dict[Shape, list[int]] = {}
         for i, image in enumerate(images):
             groups.setdefault(image.shape, []).append(i)
         parts: list[pa.Table] = [schema.empty_table()]
         order: list[int] = []
         for shape, positions in groups.items():
-            builder = self.builder(shape)
-            for i in positions:
-                builder.append(tuple_of(images[i], shape), images[i].lsn)
-            part = fit(pa.Table.from_batches([builder.flush()]), schema)
-            parts.append(self.fill_older(part, shape, [images[i] for i in positions]))
+            group = [images[i] for i in positions]
+            typer = self.columns(shape)
+            strings = [
+                pa.array(
+                    [None if name in im.missing else im.values.get(name) for im in group],
+                    pa.string(),
+                )
+                for name in typer.names
+            ]
+            try:
+                batch = typer.batch(strings, len(group))
+            except ValueOutOfRange as exc:
+                if exc.row is None:
+                    raise
+                raise exc.located(lsn=Lsn(group[exc.row].lsn or 0)) from None
+            part = fit(pa.Table.from_batches([batch]), schema)
+            parts.append(self.fill_older(part, shape, group))
             order.extend(positions)
         data = pa.concat_tables(parts)
         if order != sorted(order):

@@ -85,6 +85,8 @@ class TargetSpec:
     mode: Mode
     format: str = "delta"
     storage_options: Mapping[str, str] | None = None
+    #: The table's properties over pgcdc's (`pgcdc.targets._table.TABLE_PROPERTIES`).
+    properties: Mapping[str, str] | None = None
 
 
 class Target(ABC):
@@ -193,6 +195,7 @@ def open_target(
         spec.mode,
         app_id=app_id,
         storage_options=dict(spec.storage_options) if spec.storage_options else None,
+        properties=dict(spec.properties) if spec.properties else None,
         source=source,
         registry=registry or DEFAULT_REGISTRY,
         **options,

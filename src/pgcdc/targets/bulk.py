@@ -36,6 +36,8 @@ class BulkMirror:
     delete_rows: int
     #: The LSN of each upsert's change (for an error's message).
     upsert_lsns: pa.Array | None = None
+    #: Whether every key's first change in the batch inserted it (`MirrorPlan.inserts_only`).
+    inserts_only: bool = False
 
 
 def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Array] | None:
@@ -94,7 +96,10 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     ranks = pc.sort_indices(order)  # each row's position in sequence order
     table = table.set_column(table.schema.get_field_index(_INDEX), _INDEX, ranks)
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
-    last_rank = grouped.aggregate([(_INDEX, "max")]).column(f"{_INDEX}_max")
+    ranks_of = grouped.aggregate([(_INDEX, "max"), (_INDEX, "min")])
+    last_rank = ranks_of.column(f"{_INDEX}_max")
+    first_ops = pc.take(ops, pc.take(order, ranks_of.column(f"{_INDEX}_min")))
+    inserts_only = bool(pc.all(pc.equal(first_ops, "insert")).as_py())
     winners = pc.take(order, last_rank)
     last = rows.select(["op", "key", "after", "lsn"]).take(winners)
     deleted = pc.equal(last.column("op"), "delete")
@@ -105,4 +110,4 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     if upserts is None or deletes is None:
         return None
     lsns = kept.column("lsn").combine_chunks()
-    return BulkMirror(shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns)
+    return BulkMirror(shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only)

@@ -116,9 +116,12 @@ from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
 __all__ = ["CHUNK_KEY", "POINT_KEY", "DeltaTarget"]
 
-#: How often (in table versions) `maintain` checkpoints, and compacts the files.
-CHECKPOINT_EVERY = 100
-COMPACT_EVERY = 1000
+#: How often (in table versions) `maintain` looks for small files to compact, how many make
+#: a compaction worth it, and how often (versions, or seconds of this process) it vacuums.
+COMPACT_EVERY = 50
+SMALL_FILES = 16
+VACUUM_EVERY = 500
+VACUUM_SECONDS = 300.0
 
 
 class DeltaTarget(Target):
@@ -139,6 +142,7 @@ class DeltaTarget(Target):
         registry: TypeRegistry = DEFAULT_REGISTRY,
         options: MappingOptions = DEFAULT_OPTIONS,
         storage_options: dict[str, str] | None = None,
+        properties: dict[str, str] | None = None,
         source: str | None = None,
         fills: FillSource | None = None,
     ) -> None:
@@ -155,7 +159,9 @@ class DeltaTarget(Target):
         self.source = source
         #: The value of columns added to the source for the rows before (None: NULL).
         self.fills = fills
-        self.io = TableIO(self.path, mode, storage_options)
+        self.properties = properties
+        self.io = TableIO(self.path, mode, storage_options, properties)
+        self._next_vacuum = time.monotonic() + VACUUM_SECONDS
         self.writer = Reconciler(self.io, mode)
 
     def __repr__(self) -> str:
@@ -163,7 +169,7 @@ class DeltaTarget(Target):
 
     @property
     def spec(self) -> TargetSpec:
-        return TargetSpec(self.path, self.mode, "delta", self.storage_options)
+        return TargetSpec(self.path, self.mode, "delta", self.storage_options, self.properties)
 
     @property
     def watermark(self) -> int | None:
@@ -366,7 +372,14 @@ class DeltaTarget(Target):
             table = self.io.create(schema, source)
         elif evolution.widened or before:
             self.writer.rewrite(table, schema, before, typing)
-        if not self.writer.merge_mirror(table, shape, data, schema, commit):
+        writer = self.writer
+        if bulk.inserts_only and not writer.holds_any(table, shape, data):
+            written = bulk.upsert_rows > 0 and writer.append_rows(
+                table, data.slice(0, bulk.upsert_rows).drop_columns([ACTION]), schema, commit
+            )
+        else:
+            written = writer.merge_mirror(table, shape, data, schema, commit)
+        if not written:
             self.io.mark(table, commit)
         return bulk.upsert_rows, bulk.delete_rows, table.version(), writing
 
@@ -526,20 +539,30 @@ class DeltaTarget(Target):
         return TargetState(True, table.transaction_version(self.app_id), rows, table.version(), at)
 
     def maintain(self) -> None:
-        """Every `CHECKPOINT_EVERY` versions a checkpoint (readers then replay a few log
-        entries, not all) and the log entries it makes unneeded go; every `COMPACT_EVERY`
-        the small files of many commits are rewritten into few (and files removed a week
-        ago, which no reader of the last week's versions needs, are deleted)."""
+        """Keeps the lake near its live size, cheaply (called after each batch): every
+        `COMPACT_EVERY` versions the small files of many commits (appended rows, a MERGE's
+        rewritten files) are compacted into files of the target size when there are many;
+        every `VACUUM_EVERY` versions, or `VACUUM_SECONDS` after the last vacuum of this
+        process, the files removed longer ago than the table's
+        ``delta.deletedFileRetentionDuration`` are deleted. delta-rs checkpoints the log
+        itself (every ``delta.checkpointInterval`` commits) and drops expired log entries."""
         table = self.io.open()
         if table is None:
             return
         version = table.version()
+        now = time.monotonic()
         if version and version % COMPACT_EVERY == 0:
-            table.optimize.compact()
-            table.vacuum(retention_hours=168, dry_run=False)
-        if version and version % CHECKPOINT_EVERY == 0:
-            table.create_checkpoint()
-            table.cleanup_metadata()
+            self._compact(table)
+        if (version and version % VACUUM_EVERY == 0) or now >= self._next_vacuum:
+            table.vacuum(retention_hours=None, dry_run=False, enforce_retention_duration=True)
+            self._next_vacuum = now + VACUUM_SECONDS
+
+    def _compact(self, table: DeltaTable) -> None:
+        size = int(self.io.properties["delta.targetFileSize"])
+        actions = pa.table(table.get_add_actions(flatten=True))
+        small = pc.sum(pc.less(actions.column("size_bytes"), size // 4)).as_py() or 0
+        if small >= SMALL_FILES:
+            table.optimize.compact(target_size=size)
 
 
 def _renamed(changes: list[Change], naming: Naming) -> list[Change]:

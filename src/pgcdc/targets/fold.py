@@ -281,12 +281,26 @@ class MirrorPlan:
     """The net effect of a run of changes on a mirror (SCD type 1) table.
 
     `truncated`: the table is emptied first and `upserts` are its whole content (`deletes` is
-    then empty). `lookups`: the key image of every target key a `missing` column refers to."""
+    then empty). `lookups`: the key image of every target key a `missing` column refers to.
+    `born`: the keys whose first change in the run inserted them (the source did not have
+    them before the run, so neither has a target that equals it)."""
 
     truncated: bool = False
     upserts: dict[Key, Image] = field(default_factory=dict)
     deletes: dict[Key, Image] = field(default_factory=dict)
     lookups: dict[Key, Image] = field(default_factory=dict)
+    born: set[Key] = field(default_factory=set)
+
+    @property
+    def inserts_only(self) -> bool:
+        """Whether the run only adds rows of keys it inserted first (and may delete some of
+        them again): written by appending its upserts, once the target is found to hold
+        none of those keys."""
+        return (
+            not self.truncated
+            and self.born.issuperset(self.upserts)
+            and self.born.issuperset(self.deletes)
+        )
 
 
 def fold_mirror(changes: Iterable[Change]) -> MirrorPlan:
@@ -303,7 +317,10 @@ def fold_mirror(changes: Iterable[Change]) -> MirrorPlan:
             plan.truncated = True
         elif op == "insert":
             image = Image(dict(change.after or {}), shape, lsn=change.lsn, seq=change.seq)
-            state[_image_key(image, change.seq)] = image
+            key = _image_key(image, change.seq)
+            if key not in state:
+                plan.born.add(key)
+            state[key] = image
         elif op == "update":
             old = _identity(change)
             previous = state.get(old, None if plan.truncated else _UNKNOWN)
@@ -353,6 +370,15 @@ class HistoryPlan:
     truncated_at: Seq | None = None
     lookups: dict[Key, Image] = field(default_factory=dict)
     deletes: int = 0
+    #: The keys whose first change in the run inserted them (as in `MirrorPlan`).
+    born: set[Key] = field(default_factory=set)
+
+    @property
+    def inserts_only(self) -> bool:
+        """Whether the run only opens versions of keys it inserted first: written by
+        appending its versions, once the target is found to hold no current version of
+        those keys."""
+        return self.truncated_at is None and self.born.issuperset(self.closes)
 
 
 def fold_history(changes: Iterable[Change]) -> HistoryPlan:
@@ -380,6 +406,8 @@ def fold_history(changes: Iterable[Change]) -> HistoryPlan:
         elif op == "insert":
             image = Image(dict(change.after or {}), shape, lsn=change.lsn, seq=change.seq)
             new = _image_key(image, seq)
+            if new not in current and new not in settled and plan.truncated_at is None:
+                plan.born.add(new)
             if shape.key_names:  # without identity a row is new by definition
                 close(new, seq, _key_image(image.values, change))
             current[new] = len(plan.versions)

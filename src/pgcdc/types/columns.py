@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.errors import ValueOutOfRange
 from pgcdc.protocol import Relation
 from pgcdc.types.arrow import OUT_OF_RANGE_COLUMN, UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions, TypeMapping, type_mapping
@@ -267,7 +268,13 @@ class TextColumns:
             return self._fallback(i, strings)
         unusual = pc.invert(usual)
         positions = np.flatnonzero(unusual.to_numpy(zero_copy_only=False))
-        values, nulled = self._fallback(i, strings.take(positions))
+        try:
+            values, nulled = self._fallback(i, strings.take(positions))
+        except ValueOutOfRange as exc:  # its row is among the unusual ones: say which
+            if exc.row is None:
+                raise
+            exc.row = int(positions[exc.row])
+            raise
         merged = pc.replace_with_mask(bulk, unusual, values)
         return merged, [int(positions[k]) for k in nulled]
 

@@ -1,11 +1,13 @@
-"""Helpers the pipeline benchmarks share.
+"""Helpers the pipeline benchmarks share (benchmarks/pipeline.py, benchmarks/sustained.py).
 
 Measuring CPU from ``/proc``, pg_recvlogical read through a pipe (the arrival time of each
-Commit), percentiles and the load average.
+Commit), percentiles, the load average, and `find`: the pipeline's public pieces looked up
+where they live today or where the rebuild of issue 23 moves them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import signal
@@ -13,6 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pgcdc.embedded import Database, EmbeddedServer
 
@@ -25,7 +28,38 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
 
+def find(name: str, *modules: str) -> Any:
+    """`name` from the first of `modules` that has it. The pipeline's pieces leave
+    ``pgcdc.spark`` (issue 23); the benchmarks name both homes and need no edit."""
+    for module in modules:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    raise ImportError(f"{name} is in none of {', '.join(modules)}")
+
+
 # --------------------------------------------------------------------------- measuring CPU
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 on), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_cpu(pid: int, *, children: bool = False) -> float | None:
+    """User + system seconds of one live process (with its reaped children's if asked);
+    None when it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return sum(int(f) for f in fields[11 : 15 if children else 13]) / CLK_TCK
 
 
 def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
@@ -36,11 +70,9 @@ def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+        fields = _stat_fields(entry.name)
+        if fields is None:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
         ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
         stats[int(entry.name)] = (int(fields[1]), ticks / CLK_TCK)
     children: dict[int, list[int]] = {}
@@ -105,7 +137,8 @@ class Recvlogical:
             tail = data[-28:]
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)  # pg_recvlogical's clean exit
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # pg_recvlogical's clean exit
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -53,13 +53,12 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return stat[stat.rindex(")") + 2 :].split()
 
 
-def process_cpu(pid: int, *, children: bool = False) -> float | None:
-    """User + system seconds of one live process (with its reaped children's if asked);
-    None when it is gone."""
+def process_cpu(pid: int) -> float | None:
+    """User + system seconds of one live process; None when it is gone."""
     fields = _stat_fields(pid)
     if fields is None:
         return None
-    return sum(int(f) for f in fields[11 : 15 if children else 13]) / CLK_TCK
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:

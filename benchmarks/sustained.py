@@ -740,6 +740,8 @@ class Bench:
         marker = self.mark()
         timeout = max(300.0, 3 * seconds)
         pipe_at, recv_at = self.catch_up(marker, timeout)
+        time.sleep(0.2)  # the runner reports a batch's phases just after its batch log line
+        self.pipeline.poll()
         server_cpu = tree_cpu(self.server.pid or 0) - base_server
         wal_bytes = self.wal_lsn() - wal0
         span = ended - start

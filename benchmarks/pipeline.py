@@ -89,10 +89,7 @@ import bisect
 import dataclasses
 import itertools
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -105,6 +102,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 import stream  # benchmarks/stream.py: this directory is first on sys.path for a script
+from _common import QUIET, Recvlogical, load, percentile, tree_cpu
 from pgcdc.embedded import Database, EmbeddedServer
 from pgcdc.pipeline import BatchReport, Pipeline
 from pgcdc.pipeline.config import PipelineConfig, parse_config
@@ -123,45 +121,6 @@ DELETE = "DELETE FROM {table} WHERE id BETWEEN {lo} AND {hi} AND id % 2 = 0"
 DELETE_RANGE = "DELETE FROM {table} WHERE id BETWEEN {lo} AND {hi}"
 TARGET_RATIO = 2.5
 TARGET_P99 = 1.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-QUIET = {"spark.ui.showConsoleProgress": "false"}  # no progress bars between our lines
-
-
-def load() -> str:
-    """The 1-minute load average: other work on the machine skews wall times (not CPU)."""
-    return f"{os.getloadavg()[0]:.2f}"
-
-
-# --------------------------------------------------------------------------- measuring CPU
-
-
-def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
-    """User + system seconds of `root` and every live descendant, each with its reaped
-    children, except the subtrees of `exclude`: the JVM, the data source process and Python
-    workers under this process, without the PostgreSQL server (also our child)."""
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-        stats[int(entry.name)] = (int(fields[1]), ticks / CLK_TCK)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in exclude:
-            continue
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total
 
 
 @dataclass
@@ -509,62 +468,6 @@ class Driver:
                     i += 1
         except BaseException as exc:
             self.error = exc
-
-
-class Recvlogical:
-    """pg_recvlogical on a pgoutput slot (proto 1), its output read through a pipe: the wall
-    time each Commit message arrives, by its commit timestamp (µs since 2000-01-01).
-
-    pg_recvlogical writes each message's bytes and a newline; a Commit is ``C``, flags 0,
-    commit LSN, end LSN and the timestamp (8 bytes each). Binary row data could in theory
-    look like one, but only timestamps of the driver's commits are ever looked up."""
-
-    COMMIT = re.compile(rb"\nC\x00[\s\S]{16}([\s\S]{8})(?=\n)")
-
-    def __init__(self, server: EmbeddedServer, db: Database, slot: str, publication: str) -> None:
-        cmd = [str(server.bindir / "pg_recvlogical"), "-d", db.dsn, "--slot", slot, "--start"]
-        cmd += ["-f", "-", "-o", "proto_version=1", "-o", f"publication_names={publication}"]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        self.seen: dict[int, float] = {}
-        self.commits = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        tail = b"\n"
-        while chunk := os.read(fd, 1 << 16):
-            now = time.time()
-            data = tail + chunk
-            for match in self.COMMIT.finditer(data):
-                self.seen.setdefault(int.from_bytes(match.group(1), "big", signed=True), now)
-                self.commits.set()
-            tail = data[-28:]
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)  # pg_recvlogical's clean exit
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._thread.join(5)
-        assert self.proc.stderr is not None
-        err = self.proc.stderr.read().decode(errors="replace").strip()
-        self.proc.stderr.close()
-        if self.proc.returncode not in (0, -signal.SIGINT) and err:
-            print(f"  pg_recvlogical exited {self.proc.returncode}: {err}")
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile of sorted `values`."""
-    if not values:
-        return float("nan")
-    rank = max(1, -(-len(values) * p // 100))
-    return values[int(rank) - 1]
 
 
 def freshness(

@@ -1,0 +1,151 @@
+"""Helpers the pipeline benchmarks share (benchmarks/pipeline.py, benchmarks/sustained.py).
+
+Measuring CPU from ``/proc``, pg_recvlogical read through a pipe (the arrival time of each
+Commit), percentiles, the load average, and `find`: the pipeline's public pieces looked up
+where they live today or where the rebuild of issue 23 moves them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pgcdc.embedded import Database, EmbeddedServer
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+QUIET = {"spark.ui.showConsoleProgress": "false"}  # no progress bars between our lines
+
+
+def load() -> str:
+    """The 1-minute load average: other work on the machine skews wall times (not CPU)."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def find(name: str, *modules: str) -> Any:
+    """`name` from the first of `modules` that has it. The pipeline's pieces leave
+    ``pgcdc.spark`` (issue 23); the benchmarks name both homes and need no edit."""
+    for module in modules:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    raise ImportError(f"{name} is in none of {', '.join(modules)}")
+
+
+# --------------------------------------------------------------------------- measuring CPU
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 on), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def process_cpu(pid: int) -> float | None:
+    """User + system seconds of one live process; None when it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
+    """User + system seconds of `root` and every live descendant, each with its reaped
+    children, except the subtrees of `exclude`: the JVM, the data source process and Python
+    workers under this process, without the PostgreSQL server (also our child)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry.name)
+        if fields is None:
+            continue
+        ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        stats[int(entry.name)] = (int(fields[1]), ticks / CLK_TCK)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in exclude:
+            continue
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted `values`."""
+    if not values:
+        return float("nan")
+    rank = max(1, -(-len(values) * p // 100))
+    return values[int(rank) - 1]
+
+
+# --------------------------------------------------------------------------- pg_recvlogical
+
+
+class Recvlogical:
+    """pg_recvlogical on a pgoutput slot (proto 1), its output read through a pipe: the wall
+    time each Commit message arrives, by its commit timestamp (µs since 2000-01-01).
+
+    pg_recvlogical writes each message's bytes and a newline; a Commit is ``C``, flags 0,
+    commit LSN, end LSN and the timestamp (8 bytes each). Binary row data could in theory
+    look like one, but only timestamps of the driver's commits are ever looked up."""
+
+    COMMIT = re.compile(rb"\nC\x00[\s\S]{16}([\s\S]{8})(?=\n)")
+
+    def __init__(self, server: EmbeddedServer, db: Database, slot: str, publication: str) -> None:
+        cmd = [str(server.bindir / "pg_recvlogical"), "-d", db.dsn, "--slot", slot, "--start"]
+        cmd += ["-f", "-", "-o", "proto_version=1", "-o", f"publication_names={publication}"]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.seen: dict[int, float] = {}
+        self.commits = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        tail = b"\n"
+        while chunk := os.read(fd, 1 << 16):
+            now = time.time()
+            data = tail + chunk
+            for match in self.COMMIT.finditer(data):
+                self.seen.setdefault(int.from_bytes(match.group(1), "big", signed=True), now)
+                self.commits.set()
+            tail = data[-28:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # pg_recvlogical's clean exit
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._thread.join(5)
+        assert self.proc.stderr is not None
+        err = self.proc.stderr.read().decode(errors="replace").strip()
+        self.proc.stderr.close()
+        if self.proc.returncode not in (0, -signal.SIGINT) and err:
+            print(f"  pg_recvlogical exited {self.proc.returncode}: {err}")

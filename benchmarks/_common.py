@@ -1,13 +1,11 @@
 """Helpers the pipeline benchmarks share (benchmarks/pipeline.py, benchmarks/sustained.py).
 
 Measuring CPU from ``/proc``, pg_recvlogical read through a pipe (the arrival time of each
-Commit), percentiles, the load average, and `find`: the pipeline's public pieces looked up
-where they live today or where the rebuild of issue 23 moves them.
+Commit), percentiles, the load average.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import signal
@@ -15,7 +13,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from pgcdc.embedded import Database, EmbeddedServer
 
@@ -26,19 +23,6 @@ QUIET = {"spark.ui.showConsoleProgress": "false"}  # no progress bars between ou
 def load() -> str:
     """The 1-minute load average: other work on the machine skews wall times (not CPU)."""
     return f"{os.getloadavg()[0]:.2f}"
-
-
-def find(name: str, *modules: str) -> Any:
-    """`name` from the first of `modules` that has it. The pipeline's pieces leave
-    ``pgcdc.spark`` (issue 23); the benchmarks name both homes and need no edit."""
-    for module in modules:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    raise ImportError(f"{name} is in none of {', '.join(modules)}")
 
 
 # --------------------------------------------------------------------------- measuring CPU

@@ -18,7 +18,10 @@ import sys
 import time
 from typing import Any
 
-from _common import QUIET, find
+from _common import QUIET
+from pgcdc.pipeline import Pipeline
+from pgcdc.pipeline.config import load_config
+from pgcdc.spark.session import local_session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reports")
     parser.add_argument("--cores", default="*")
     args = parser.parse_args(argv)
-    load_config = find(
-        "load_config", "pgcdc.pipeline", "pgcdc.pipeline.config", "pgcdc.spark.config"
-    )
-    pipeline_class = find("Pipeline", "pgcdc.pipeline", "pgcdc.spark.pipeline")
-    local_session = find("local_session", "pgcdc.spark", "pgcdc.spark.session")
     config = load_config(args.config)
     out = open(args.reports, "a", buffering=1)  # noqa: SIM115 (open for the whole run)
 
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write(json.dumps(line) + "\n")
 
     spark = local_session(f"pgcdc-bench-{config.name}", cores=args.cores, **QUIET)
-    pipeline = pipeline_class(config, spark, on_batch=on_batch)
+    pipeline = Pipeline(config, spark, on_batch=on_batch)
     pipeline.prepare()  # Spark installs its own SIGINT handler: ours go in after it
 
     def stop(signum: int, frame: Any) -> None:

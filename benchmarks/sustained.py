@@ -107,9 +107,12 @@ from deltalake import DeltaTable, QueryBuilder
 from psycopg import sql
 
 import _load
-from _common import Recvlogical, find, load, percentile, process_cpu, tree_cpu
+from _common import Recvlogical, load, percentile, process_cpu, tree_cpu
 from pgcdc.embedded import Database, EmbeddedServer
+from pgcdc.monitoring import BatchRecord
+from pgcdc.pipeline.verify import compare_history, compare_mirror
 from pgcdc.protocol import datetime_to_pg_timestamp
+from pgcdc.targets import DeltaTarget
 
 HERE = Path(__file__).resolve().parent
 HEARTBEAT_PERIOD = 0.1
@@ -272,8 +275,7 @@ class PipelineProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches us only; we stop it cleanly
         )
-        batch_record = find("BatchRecord", "pgcdc.monitoring")
-        self._from_json = batch_record.from_json
+        self._from_json = BatchRecord.from_json
         self._log_lines = JsonLines(state / "batches.jsonl")
         self._reports = JsonLines(reports)
         self._phases: dict[int, dict[str, float]] = {}
@@ -535,9 +537,6 @@ def check_target(
     db: Database, check: Check, mode: str, path: Path, exact_rows: int, sample: int
 ) -> tuple[bool, str]:
     """One target against its table: (identical?, one line)."""
-    compare_mirror = find("compare_mirror", "pgcdc.verify", "pgcdc.spark.verify")
-    compare_history = find("compare_history", "pgcdc.verify", "pgcdc.spark.verify")
-    delta_target = find("DeltaTarget", "pgcdc.targets")
     table = f"public.{check.table}"
     name = f"{check.table} {mode}"
     if not DeltaTable.is_deltatable(str(path)):
@@ -545,7 +544,7 @@ def check_target(
     current = ' WHERE "__END_AT" IS NULL' if mode == "history" else ""
     rows = delta_query(path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
     if rows <= exact_rows:
-        target = delta_target(str(path), mode, app_id=f"pgcdc:{NAME}").to_arrow()
+        target = DeltaTarget(str(path), mode, app_id=f"pgcdc:{NAME}").to_arrow()
         compare = compare_history if mode == "history" else compare_mirror
         verdict = compare(db.dsn, table, target)
         return verdict.equal, f"{verdict} ({mode}, row by row)"

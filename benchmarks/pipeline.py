@@ -379,7 +379,7 @@ def throughput(
     verify(db, config, "bench")
 
 
-PHASES = ("plan", "job", "read", "fold", "write")
+PHASES = ("plan", "inline", "job", "read", "fold", "write", "maintain")
 
 
 def breakdown(run: PipelineRun) -> None:
@@ -390,7 +390,7 @@ def breakdown(run: PipelineRun) -> None:
     print(
         "\n  where the time went (seconds; read, fold, write: CPU-bound work in the tasks, "
         "summed over tables)"
-        "\n    batch     changes    plan     job    read    fold   write  batch"
+        "\n    batch     changes    plan  inline     job    read    fold   write  maint  batch"
     )
     shown = {b.batch_id for b in batches[:5] + batches[-5:]}
     for b in batches:
@@ -402,8 +402,9 @@ def breakdown(run: PipelineRun) -> None:
     in_batches = sum(b.seconds for b in batches)
     print(
         f"    total: {in_batches:.2f} s in {len(batches)} batches of {run.result.wall:.2f} s: "
-        f"driver planning {sums['plan']:.2f}, Spark jobs {sums['job']:.2f} (in the tasks: "
-        f"read {sums['read']:.2f}, fold {sums['fold']:.2f}, write {sums['write']:.2f}); the "
+        f"driver planning {sums['plan']:.2f}, applied by the driver {sums['inline']:.2f}, "
+        f"by Spark jobs {sums['job']:.2f} (in the tasks: read {sums['read']:.2f}, fold "
+        f"{sums['fold']:.2f}, write {sums['write']:.2f}, maintain {sums['maintain']:.2f}); the "
         f"replication session thread used {run.session_cpu:.2f} CPU s meanwhile (receive, "
         "decode headers, assemble, spool)"
     )

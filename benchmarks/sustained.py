@@ -298,6 +298,7 @@ class PipelineProcess:
                     record.bytes,
                     record.last_commit_time,
                     record.seconds,
+                    dict(record.phases),
                 )
             )
             if record.last_commit_time is not None:

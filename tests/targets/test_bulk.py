@@ -1,4 +1,4 @@
-"""The mirror's Arrow fold (`pgcdc.targets.bulk`) against the general fold: same tables."""
+"""The Arrow folds (`pgcdc.targets.bulk`) against the general fold: same tables."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcdc.targets import DeltaTarget, delta
-from pgcdc.targets.bulk import bulk_mirror
+from pgcdc.targets.bulk import bulk_history, bulk_mirror
 
 from .envelopes import (
     INT4,
@@ -57,13 +57,19 @@ def _txns(spec: list[list[tuple[Any, ...]]], start: int) -> list[Any]:
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(spec=batches)
+@given(spec=batches, mode=st.sampled_from(["mirror", "history"]))
 def test_bulk_fold_equals_the_general_fold(
-    tmp_path_factory: pytest.TempPathFactory, spec: list[Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory,
+    spec: list[Any],
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Random batches of inserts, updates and deletes (of keys present or not, several
+    times a key) through the Arrow fold and through the general one: the same tables, the
+    same watermarks."""
     base = tmp_path_factory.mktemp("bulk")
-    fast = DeltaTarget(str(base / "fast"), "mirror", app_id=APP)
-    slow = DeltaTarget(str(base / "slow"), "mirror", app_id=APP)
+    fast = DeltaTarget(str(base / "fast"), mode, app_id=APP)  # type: ignore[arg-type]
+    slow = DeltaTarget(str(base / "slow"), mode, app_id=APP)  # type: ignore[arg-type]
     start = 1000
     for batch in spec:
         txns = _txns(batch, start)
@@ -71,10 +77,11 @@ def test_bulk_fold_equals_the_general_fold(
         if not txns:
             continue
         data = envelope(*txns, reverse=True)
-        assert bulk_mirror(data) is not None
+        assert (bulk_mirror if mode == "mirror" else bulk_history)(data) is not None
         fast.apply(data)
         with monkeypatch.context() as m:
             m.setattr(delta, "bulk_mirror", lambda rows: None)
+            m.setattr(delta, "bulk_history", lambda rows: None)
             slow.apply(data)
     if not fast.exists:
         assert not slow.exists
@@ -92,6 +99,8 @@ def test_batches_that_need_the_general_fold(tmp_path: Path) -> None:
     assert bulk_mirror(envelope(txn(10, moved))) is None
     full = relation(("id", INT4), ("doc", TEXT), identity="f")
     assert bulk_mirror(envelope(txn(10, insert(full, id=1, doc="x")))) is None
+    for batch in ([txn(10, update(toast, {"id": 1, "doc": UNCHANGED}))], [txn(10, moved)]):
+        assert bulk_history(envelope(*batch)) is None
     # The ones it takes: the last change per key wins, typed.
     target = DeltaTarget(str(tmp_path / "t"), "mirror", app_id=APP)
     target.apply(

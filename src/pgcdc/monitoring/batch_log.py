@@ -50,6 +50,11 @@ class BatchRecord:
     #: The whole batch, in seconds.
     seconds: float = 0.0
     targets: TargetApply = field(default_factory=dict)
+    #: Where the batch's time went, in seconds: "plan" (the driver), "apply" (wall, until
+    #: every table's work returned: "inline" when the driver applied the batch itself, "job"
+    #: for a Spark job), and summed over the tables: "read" (spool to envelope), "fold"
+    #: (folding, typing), "write" (MERGE or append and its commit), "maintain".
+    phases: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("time", "last_commit_time"):
@@ -73,6 +78,7 @@ class BatchRecord:
             "lag_seconds": self.lag_seconds,
             "seconds": self.seconds,
             "targets": self.targets,
+            "phases": self.phases,
         }
 
     @classmethod
@@ -80,8 +86,9 @@ class BatchRecord:
         """The inverse of `to_json`; ValueError, KeyError or TypeError for anything else."""
         last_commit = data.get("last_commit_time")
         targets = data.get("targets") or {}
-        if not isinstance(targets, dict):
-            raise TypeError("targets must be an object")
+        phases = data.get("phases") or {}
+        if not isinstance(targets, dict) or not isinstance(phases, dict):
+            raise TypeError("targets and phases must be objects")
         return cls(
             time=datetime.fromisoformat(data["time"]),
             batch=int(data["batch"]),
@@ -98,6 +105,7 @@ class BatchRecord:
                 str(name): {"rows": int(t["rows"]), "seconds": float(t["seconds"])}
                 for name, t in targets.items()
             },
+            phases={str(name): float(seconds) for name, seconds in phases.items()},
         )
 
 

@@ -115,8 +115,7 @@ class BatchReport:
     seconds: float
     #: Per table: the seconds its task spent.
     table_seconds: dict[str, float] = field(default_factory=dict)
-    #: Seconds per phase: "plan" (the driver), "job" (the Spark job, wall), and summed over
-    #: the tasks: "read" (spool to envelope), "fold" (folding, typing), "write" (Delta).
+    #: Seconds per phase (`pgcdc.monitoring.BatchRecord.phases`).
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -290,11 +289,12 @@ class Pipeline:
             )
         return works
 
-    def _run_tasks(self, works: list[TableWork]) -> list[TableOutcome]:
+    def _run_tasks(self, works: list[TableWork]) -> tuple[list[TableOutcome], str]:
         """The batch's tables applied: by the driver itself when the batch is small (a
-        Spark job's set-up would cost more), else by a Spark job."""
+        Spark job's set-up would cost more), else by a Spark job; and which ("inline",
+        "job")."""
         if not works:
-            return []
+            return [], "inline"
         small = sum(w.changes for w in works) <= self.config.inline_max_changes
         dispatcher = self._inline if small else self.dispatcher
         groups = group_work(works, dispatcher.parallelism)
@@ -302,7 +302,9 @@ class Pipeline:
             results = dispatcher.map(apply_tables, groups)
         except DispatchError as exc:
             raise PipelineFailed(str(exc)) from None
-        return [outcome for result in results for outcome in result]
+        return [outcome for result in results for outcome in result], (
+            "inline" if small else "job"
+        )
 
     def apply_batch(self, batch_id: int, start: Lsn, end: Lsn) -> BatchReport:
         """Apply the spooled transactions ending in (start, end] to every target."""
@@ -312,8 +314,8 @@ class Pipeline:
         info = spool.batch(start, end)
         works = self.plan_work(spool.ranges(start, end))
         planned = time.monotonic()
-        outcomes = self._run_tasks(works)
-        phases = {"plan": planned - started, "job": time.monotonic() - planned}
+        outcomes, how = self._run_tasks(works)
+        phases = {"plan": planned - started, how: time.monotonic() - planned}
         for outcome in outcomes:
             for phase, seconds in outcome.phases.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
@@ -381,6 +383,7 @@ class Pipeline:
             lag_seconds=None if last_time is None else (now - last_time).total_seconds(),
             seconds=report.seconds,
             targets=targets,
+            phases={name: round(seconds, 6) for name, seconds in report.phases.items()},
         )
         self.batch_log.append(record)
         if self.metrics is not None:

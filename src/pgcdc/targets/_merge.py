@@ -291,7 +291,25 @@ class Writer:
         shape = shapes[0] if shapes else None
         if shape is not None and not shape.key_names and plan.truncated_at is None:
             return self.append_rows(table, data, schema, commit)
-        if shape is not None and plan.inserts_only and not self.holds_any(table, shape, data):
+        return self.merge_history(
+            table, shape, data, schema, commit, plan.truncated_at, plan.inserts_only
+        )
+
+    def merge_history(
+        self,
+        table: DeltaTable,
+        shape: Shape | None,
+        data: pa.Table,
+        schema: pa.Schema,
+        commit: CommitProperties | None,
+        truncated_at: Seq | None = None,
+        inserts_only: bool = False,
+    ) -> bool:
+        """`data` ("close" rows: a key and the sequence its current version ends at;
+        "insert" rows: versions) merged by key; or appended, when every key was inserted
+        first (`HistoryPlan.inserts_only`) and the target has no current version of any.
+        Whether it wrote."""
+        if shape is not None and inserts_only and not self.holds_any(table, shape, data):
             versions = data.filter(pc.equal(data.column(ACTION), "insert")).drop_columns([ACTION])
             return versions.num_rows > 0 and self.append_rows(table, versions, schema, commit)
         match = self.key_match(shape)
@@ -326,8 +344,8 @@ class Writer:
                 {q(n): f"s.{q(n)}" for n in schema.names}, predicate=f"{action} = 'insert'"
             )
         )
-        if plan.truncated_at is not None:
-            at = seq_sql(plan.truncated_at)
+        if truncated_at is not None:
+            at = seq_sql(truncated_at)
             merger = merger.when_not_matched_by_source_update(
                 {q(END_AT): at}, predicate=f"{end} IS NULL AND {before_sql(start, at)}"
             )

@@ -1,11 +1,12 @@
-"""The mirror fold in Arrow, for the batches that need nothing else.
+"""The folds in Arrow, for the batches that need nothing else.
 
-Most batches of a bulk load or a busy table are plain inserts, updates and deletes of one
-relation shape, with no key change, no unchanged TOAST value and no truncation. For those the
-fold is "the last change per key wins": done here with Arrow's sort and group-by, and the
-winners' text columns are typed column by column, without a Python object per row. Any other
-batch returns None and takes the general fold (`pgcdc.targets.fold`), which is the reference
-for what a batch means.
+Most batches of a busy table are plain inserts, updates and deletes of one relation shape,
+with no key change, no unchanged TOAST value and no truncation. For those a mirror's fold is
+"the last change per key wins" (`bulk_mirror`), and a history's "each insert or update opens a
+version that ends at the key's next change" (`bulk_history`): done here with Arrow's and
+numpy's sorts and group-bys, without a Python object per row; the rows' text columns are then
+typed column by column. Any other batch returns None and takes the general fold
+(`pgcdc.targets.fold`), which is the reference for what a batch means (the tests compare both).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.envelope import Shape
+from pgcdc.envelope import SEQUENCE_TYPE, Shape
 from pgcdc.targets.fold import _shape, single_shape
 
-__all__ = ["BulkMirror", "bulk_mirror"]
+__all__ = ["BulkHistory", "BulkMirror", "bulk_history", "bulk_mirror"]
 
 _ROW_OPS = pa.array(["insert", "update", "delete"])
 _INDEX = "__pgcdc_index"
@@ -64,8 +65,20 @@ def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Arra
     return out
 
 
-def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
-    """The batch folded in Arrow, or None when it needs the general fold."""
+@dataclass(frozen=True, slots=True)
+class _Plain:
+    """A batch of one relation shape, with keys, no key change, no unchanged TOAST value,
+    no truncation: each row's key (text, by key column) and the rows' sequence order."""
+
+    shape: Shape
+    names: tuple[str, ...]
+    keys: dict[str, pa.Array]
+    #: Row numbers in sequence order, and each row's place in it.
+    order: pa.Array
+    ranks: pa.Array
+
+
+def _plain(rows: pa.Table) -> _Plain | None:
     if rows.num_rows == 0:
         return None
     ops = rows.column("op")
@@ -89,18 +102,25 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     for name in keys:  # a key change needs the general fold
         if pc.any(pc.not_equal(before[name].filter(updated), after_keys[name])).as_py():
             return None
-    table = pa.table(
-        {**{f"k{i}": before[n] for i, n in enumerate(keys)}, _INDEX: pa.array(range(rows.num_rows))}
-    )
     order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
     ranks = pc.sort_indices(order)  # each row's position in sequence order
-    table = table.set_column(table.schema.get_field_index(_INDEX), _INDEX, ranks)
+    return _Plain(shape, names, before, order, ranks)
+
+
+def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
+    """The batch folded in Arrow, or None when it needs the general fold."""
+    plain = _plain(rows)
+    if plain is None:
+        return None
+    keys, names = plain.shape.key_names, plain.names
+    table = pa.table({**{f"k{i}": plain.keys[n] for i, n in enumerate(keys)}, _INDEX: plain.ranks})
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
     ranks_of = grouped.aggregate([(_INDEX, "max"), (_INDEX, "min")])
     last_rank = ranks_of.column(f"{_INDEX}_max")
-    first_ops = pc.take(ops, pc.take(order, ranks_of.column(f"{_INDEX}_min")))
+    ops = rows.column("op")
+    first_ops = pc.take(ops, pc.take(plain.order, ranks_of.column(f"{_INDEX}_min")))
     inserts_only = bool(pc.all(pc.equal(first_ops, "insert")).as_py())
-    winners = pc.take(order, last_rank)
+    winners = pc.take(plain.order, last_rank)
     last = rows.select(["op", "key", "after", "lsn"]).take(winners)
     deleted = pc.equal(last.column("op"), "delete")
     kept = last.filter(pc.invert(deleted))
@@ -110,4 +130,89 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     if upserts is None or deletes is None:
         return None
     lsns = kept.column("lsn").combine_chunks()
-    return BulkMirror(shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only)
+    return BulkMirror(
+        plain.shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BulkHistory:
+    """A history's batch folded: the versions it opens (every column as text, with their
+    start and end sequences), and per key the sequence its target version ends at (the
+    key's first change; `HistoryPlan.closes`)."""
+
+    shape: Shape
+    versions: dict[str, pa.Array]
+    version_rows: int
+    starts: pa.Array
+    ends: pa.Array
+    closes: dict[str, pa.Array]
+    close_ends: pa.Array
+    deletes: int
+    inserts_only: bool
+    #: The LSN of each version's change (for an error's message).
+    version_lsns: pa.Array
+
+
+def _sequences(lsns: np.ndarray, ordinals: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    mask = None if valid is None else pa.array(~valid)
+    return pa.StructArray.from_arrays(
+        [pa.array(lsns, pa.int64()), pa.array(ordinals, pa.int64())],
+        fields=list(SEQUENCE_TYPE),
+        mask=mask,
+    )
+
+
+def bulk_history(rows: pa.Table) -> BulkHistory | None:
+    """The batch turned into versions in Arrow (what `fold_history` makes of it), or None
+    when it needs the general fold: each insert or update opens a version that ends at the
+    key's next change; a key's first change ends the target's current version."""
+    plain = _plain(rows)
+    if plain is None:
+        return None
+    keys, names = plain.shape.key_names, plain.names
+    n = rows.num_rows
+    order = plain.order
+    ops = pc.take(rows.column("op"), order).to_numpy(zero_copy_only=False)
+    lsns = pc.take(rows.column("commit_lsn"), order).to_numpy()
+    ordinals = pc.take(rows.column("ordinal"), order).to_numpy()
+    keyed = pa.table(
+        {
+            **{f"k{i}": pc.take(plain.keys[k], order) for i, k in enumerate(keys)},
+            _INDEX: pa.array(np.arange(n)),
+        }
+    )
+    by_key = keyed.sort_by(
+        [*((f"k{i}", "ascending") for i in range(len(keys))), (_INDEX, "ascending")]
+    )
+    at = by_key.column(_INDEX).to_numpy()
+    same = np.ones(n - 1, dtype=bool)
+    for i in range(len(keys)):
+        column = by_key.column(f"k{i}").combine_chunks()
+        equal = pc.equal(column.slice(0, n - 1), column.slice(1)).fill_null(False)
+        same &= equal.to_numpy(zero_copy_only=False)
+    following = np.full(n, -1)
+    following[at[:-1][same]] = at[1:][same]
+    first = at[np.concatenate([[True], ~same])]
+    opens = np.flatnonzero(ops != "delete")
+    nxt = following[opens]
+    has_end = nxt >= 0
+    nxt = np.where(has_end, nxt, 0)
+    after = pc.take(rows.column("after"), pc.take(order, pa.array(opens)))
+    versions = _columns(after, names)
+    if versions is None:
+        return None
+    version_lsns = pc.take(rows.column("lsn"), pc.take(order, pa.array(opens))).combine_chunks()
+    closes = {k: pc.take(plain.keys[k], pc.take(order, pa.array(first))) for k in keys}
+    return BulkHistory(
+        plain.shape,
+        versions,
+        len(opens),
+        _sequences(lsns[opens], ordinals[opens]),
+        _sequences(lsns[nxt], ordinals[nxt], has_end),
+        {k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v for k, v in closes.items()},
+        _sequences(lsns[first], ordinals[first]),
+        int((ops == "delete").sum()),
+        bool((ops[first] == "insert").all()),
+        version_lsns,
+    )

@@ -99,7 +99,7 @@ from pgcdc.targets.base import (
     copy_watermark,
     history_columns,
 )
-from pgcdc.targets.bulk import BulkMirror, bulk_mirror
+from pgcdc.targets.bulk import BulkHistory, BulkMirror, bulk_history, bulk_mirror
 from pgcdc.targets.fold import (
     Change,
     MirrorPlan,
@@ -221,7 +221,7 @@ class DeltaTarget(Target):
         if self.mode == "changelog":
             commit = CommitProperties(app_transactions=[Transaction(self.app_id, high)])
             upserts, deletes, version, writing = self._append(table, rows, commit)
-        elif self.mode == "mirror" and (bulk := bulk_mirror(rows)) is not None:
+        elif (bulk := self._bulk(rows)) is not None:
             upserts, deletes, version, writing = self._apply_bulk(
                 typing, table, bulk, rows, high, last
             )
@@ -328,60 +328,104 @@ class DeltaTarget(Target):
                 self.io.mark(table, commit)
         return upserts, deletes, table.version(), writing
 
+    def _bulk(self, rows: pa.Table) -> BulkMirror | BulkHistory | None:
+        if self.mode == "mirror":
+            return bulk_mirror(rows)
+        return bulk_history(rows) if self.mode == "history" else None
+
     def _apply_bulk(
         self,
         typing: BatchTyping,
         table: DeltaTable | None,
-        bulk: BulkMirror,
+        bulk: BulkMirror | BulkHistory,
         rows: pa.Table,
         high: int,
         last: dict[str, Any],
     ) -> tuple[int, int, int, float]:
-        """A batch `bulk_mirror` folded in Arrow: typed a column at a time, one MERGE."""
+        """A batch folded in Arrow (`pgcdc.targets.bulk`): typed a column at a time, one
+        MERGE (or an append)."""
         shape = bulk.shape
         first = Change((0, 0), "insert", shape, None, None, None, (), rows.column("lsn")[0].as_py())
         table, _, _, evolution, before, source = self._prepare(typing, table, [first], last)
         schema = evolution.schema
         commit = batch_commit(self.app_id, high, shape)
-        relation = typing.builder(shape).relation
-        columns = TextColumns(relation, self.registry, self.options, source)
-        names = [c.name for c in shape.columns]
-        try:
-            upserts = columns.batch([bulk.upserts[n] for n in names], bulk.upsert_rows)
-        except ValueOutOfRange as exc:
-            if exc.row is None or bulk.upsert_lsns is None:
-                raise
-            raise exc.located(lsn=Lsn(bulk.upsert_lsns[exc.row].as_py() or 0)) from None
-        deletes = pa.table(
-            {
-                n: columns.column(i, bulk.deletes[n])[0]
-                for i, n in enumerate(names)
-                if n in bulk.deletes
-            }
-        )
-        data = pa.concat_tables(
-            [
-                fit(pa.Table.from_batches([upserts]), schema).append_column(
-                    ACTION, pa.repeat("upsert", bulk.upsert_rows)
-                ),
-                fit(deletes, schema).append_column(ACTION, pa.repeat("delete", bulk.delete_rows)),
-            ]
-        )
+        columns = typing.columns(shape)
+        if isinstance(bulk, BulkMirror):
+            data = self._bulk_mirror_rows(columns, bulk, schema)
+        else:
+            data = self._bulk_history_rows(columns, bulk, schema)
         writing = time.perf_counter()
         if table is None:
             table = self.io.create(schema, source)
         elif evolution.widened or before:
             self.writer.rewrite(table, schema, before, typing)
         writer = self.writer
-        if bulk.inserts_only and not writer.holds_any(table, shape, data):
+        if isinstance(bulk, BulkHistory):
+            written = writer.merge_history(
+                table, shape, data, schema, commit, inserts_only=bulk.inserts_only
+            )
+            counts = (bulk.version_rows, bulk.deletes)
+        elif bulk.inserts_only and not writer.holds_any(table, shape, data):
             written = bulk.upsert_rows > 0 and writer.append_rows(
                 table, data.slice(0, bulk.upsert_rows).drop_columns([ACTION]), schema, commit
             )
+            counts = (bulk.upsert_rows, bulk.delete_rows)
         else:
             written = writer.merge_mirror(table, shape, data, schema, commit)
+            counts = (bulk.upsert_rows, bulk.delete_rows)
         if not written:
             self.io.mark(table, commit)
-        return bulk.upsert_rows, bulk.delete_rows, table.version(), writing
+        return counts[0], counts[1], table.version(), writing
+
+    @staticmethod
+    def _typed(
+        columns: TextColumns, texts: dict[str, pa.Array], rows: int, lsns: pa.Array
+    ) -> pa.Table:
+        """Rows given as text, typed; a value out of range names its change's LSN."""
+        try:
+            batch = columns.batch([texts[n] for n in columns.names], rows)
+        except ValueOutOfRange as exc:
+            if exc.row is None:
+                raise
+            raise exc.located(lsn=Lsn(lsns[exc.row].as_py() or 0)) from None
+        return pa.Table.from_batches([batch])
+
+    @staticmethod
+    def _typed_keys(columns: TextColumns, texts: dict[str, pa.Array]) -> pa.Table:
+        return pa.table(
+            {n: columns.column(i, texts[n])[0] for i, n in enumerate(columns.names) if n in texts}
+        )
+
+    def _bulk_mirror_rows(
+        self, columns: TextColumns, bulk: BulkMirror, schema: pa.Schema
+    ) -> pa.Table:
+        """The upserts, then the keys to delete, with their action."""
+        assert bulk.upsert_lsns is not None
+        upserts = self._typed(columns, bulk.upserts, bulk.upsert_rows, bulk.upsert_lsns)
+        deletes = self._typed_keys(columns, bulk.deletes)
+        return pa.concat_tables(
+            [
+                fit(upserts, schema).append_column(ACTION, pa.repeat("upsert", bulk.upsert_rows)),
+                fit(deletes, schema).append_column(ACTION, pa.repeat("delete", bulk.delete_rows)),
+            ]
+        )
+
+    def _bulk_history_rows(
+        self, columns: TextColumns, bulk: BulkHistory, schema: pa.Schema
+    ) -> pa.Table:
+        """The keys whose target version ends, then the versions, as `type_plan` lays out a
+        `HistoryPlan`'s."""
+        data = pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
+        versions = self._typed(columns, bulk.versions, bulk.version_rows, bulk.version_lsns)
+        closes = self._typed_keys(columns, bulk.closes)
+        parts = []
+        for part, starts, ends, action in (
+            (closes, pa.nulls(len(bulk.close_ends), SEQUENCE_TYPE), bulk.close_ends, "close"),
+            (versions, bulk.starts, bulk.ends, "insert"),
+        ):
+            typed = fit(part, data).append_column(START_AT, starts).append_column(END_AT, ends)
+            parts.append(typed.append_column(ACTION, pa.repeat(action, len(starts))))
+        return pa.concat_tables(parts)
 
     def _check_source(self, table: DeltaTable | None, changes: list[Change]) -> str:
         """The source's name; refuses a batch of several tables, or of another table than

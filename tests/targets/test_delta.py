@@ -498,7 +498,10 @@ def test_table_properties_are_given_to_tables_made_before(tmp_path: Path) -> Non
     path = tmp_path / "mirror"
     write_deltalake(str(path), pa.table({"id": pa.array([1], pa.int32())}))
     t = DeltaTarget(
-        str(path), "mirror", app_id=APP, properties={"delta.logRetentionDuration": "interval 1 days"}
+        str(path),
+        "mirror",
+        app_id=APP,
+        properties={"delta.logRetentionDuration": "interval 1 days"},
     )
     assert t.watermark is None
     configuration = DeltaTable(str(path)).metadata().configuration

@@ -302,9 +302,7 @@ class Pipeline:
             results = dispatcher.map(apply_tables, groups)
         except DispatchError as exc:
             raise PipelineFailed(str(exc)) from None
-        return [outcome for result in results for outcome in result], (
-            "inline" if small else "job"
-        )
+        return [outcome for result in results for outcome in result], ("inline" if small else "job")
 
     def apply_batch(self, batch_id: int, start: Lsn, end: Lsn) -> BatchReport:
         """Apply the spooled transactions ending in (start, end] to every target."""

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -74,8 +75,9 @@ def maintain_deletion_vectors(
         report.compacted_files = int(metrics.get("numFilesRemoved", 0))
         report.commits += table.table.version() - before
         table.sync()
-    if policy.vacuum:
+    if policy.vacuum:  # its start and end are commits
         report.vacuumed_files = len(table.table.vacuum(dry_run=False))
+        table.sync()
     report.collected = collect_unreferenced(table, policy.min_orphan_age_s)
     if table.state.version - _last_checkpoint(table) >= policy.checkpoint_every:
         table.table.create_checkpoint()
@@ -171,6 +173,12 @@ def collect_unreferenced(table: MergeOnReadTable, min_age_s: float) -> list[str]
             except FileNotFoundError:
                 continue
             collected.append(os.path.relpath(local, table.table_dir))
+    log_dir = os.path.join(table.table_dir, "_delta_log")
+    for name in os.listdir(log_dir):  # commits a crash left unnamed (`write_commit`)
+        local = os.path.join(log_dir, name)
+        if name.startswith(".") and name.endswith(".tmp") and os.stat(local).st_mtime <= cutoff:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local)
     return collected
 
 

@@ -284,6 +284,10 @@ class Oracle:
             {"pgcdc.columns": json.dumps(["id", "v", "s"])},
         )
         assert result.deleted_rows == len(chosen)
+        info = self.mor.table.history(1)[0]  # what pgcdc's targets read back (targets._meta)
+        assert info["pgcdc.columns"] == json.dumps(["id", "v", "s"])
+        assert info["readVersion"] == result.version - 1
+        assert self.mor.table.transaction_version("oracle") == self.step
         for i in [*updated.tolist(), *added.tolist()]:
             self.expected[i] = self.step
         for i in deleted.tolist():

@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._mor.format import DeletionVector, Rows, descriptor_rows, no_rows
@@ -185,10 +185,7 @@ class MergeOnReadTable:
 
     def file_path(self, log_path: str) -> str:
         """The local path of a data file named in the log (a relative URI or file:// URI)."""
-        parsed = urlparse(log_path)
-        if parsed.scheme == "file":
-            return unquote(parsed.path)
-        return os.path.join(self.table_dir, unquote(log_path))
+        return _file_path(self.table_dir, log_path)
 
     def deletion_vector(self, path: str) -> DeletionVector | None:
         dv = self.state.adds[path].get("deletionVector")
@@ -213,21 +210,11 @@ class MergeOnReadTable:
     def num_records(self, path: str) -> int:
         """The rows of live file `path` (deleted ones included): its statistics, else its
         Parquet footer."""
-        add = self.state.adds[path]
-        stats = add.get("stats")
-        if stats:
-            count = _stats_records(stats)
-            if count is not None:
-                return count
-        return int(pq.read_metadata(self.file_path(path)).num_rows)
+        return _num_records(self.table_dir, self.state.adds[path])
 
     def live_rows(self) -> int:
         """The rows a reader sees: every live file's rows less its DV's cardinality."""
-        total = 0
-        for path, add in self.state.adds.items():
-            dv = add.get("deletionVector")
-            total += self.num_records(path) - (int(dv["cardinality"]) if dv else 0)
-        return total
+        return _live_rows(self.table_dir, self.state)
 
     def read_file(self, path: str, names: Sequence[str], rows: Rows | None = None) -> pa.Table:
         """Columns of a data file cast to the table's types (a column the file predates is
@@ -269,9 +256,27 @@ class MergeOnReadTable:
         return int(time.time() * 1000)
 
 
-def _stats_records(stats: str) -> int | None:
-    value = json.loads(stats).get("numRecords")
-    return None if value is None else int(value)
+def _file_path(table_dir: str, log_path: str) -> str:
+    parsed = urlparse(log_path)
+    if parsed.scheme == "file":
+        return unquote(parsed.path)
+    return os.path.join(table_dir, unquote(log_path))
+
+
+def _num_records(table_dir: str, add: dict[str, Any]) -> int:
+    """The rows of a file (deleted ones included): its statistics, else its footer."""
+    value = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
+    if value is not None:
+        return int(value)
+    return int(pq.read_metadata(_file_path(table_dir, add["path"])).num_rows)
+
+
+def _live_rows(table_dir: str, state: LogState) -> int:
+    total = 0
+    for add in state.adds.values():
+        dv = add.get("deletionVector")
+        total += _num_records(table_dir, add) - (int(dv["cardinality"]) if dv else 0)
+    return total
 
 
 def _read_rows(parquet: pq.ParquetFile, names: list[str], rows: Rows) -> pa.Table:
@@ -307,17 +312,6 @@ def logical_row_count(table: DeltaTable) -> int:
     try:
         directory = local_dir(table)
     except DeletionVectorsUnsupported:
-        from deltalake import QueryBuilder
-
         result = QueryBuilder().register("t", table).execute("SELECT count(*) AS n FROM t")
         return int(pa.table(result).column("n")[0].as_py())
-    state = LogState.read(directory, table.version())
-    total = 0
-    for path, add in state.adds.items():
-        count = _stats_records(add["stats"]) if add.get("stats") else None
-        if count is None:
-            local = os.path.join(directory, unquote(path))
-            count = int(pq.read_metadata(local).num_rows)
-        dv = add.get("deletionVector")
-        total += count - (int(dv["cardinality"]) if dv else 0)
-    return total
+    return _live_rows(directory, LogState.read(directory, table.version()))

@@ -79,8 +79,12 @@ class Matches:
 @dataclass(slots=True)
 class _Index:
     codes: npt.NDArray[Any]  # sorted key numbers of the rows that count
-    rows: Rows  # their row indexes in the file
+    positions: npt.NDArray[np.uint32] | None  # their row indexes in the file (None: 0, 1, ...)
     keys: list[pa.Array] | None  # the key columns (file order) to check hash matches
+
+    def rows(self, at: npt.NDArray[np.int64]) -> Rows:
+        """The row indexes of the index's entries `at`."""
+        return (at if self.positions is None else self.positions[at]).astype(np.uint64)
 
 
 @dataclass(slots=True)
@@ -134,8 +138,9 @@ class RowLocator:
         for path, key_rows in candidates:
             index = self._index(path)
             if codes is None:  # every key column is a partition column
-                rows = np.repeat(index.rows, len(key_rows))
-                key_hit = np.tile(key_rows, len(index.rows))
+                every = index.rows(np.arange(len(index.codes)))
+                rows = np.repeat(every, len(key_rows))
+                key_hit = np.tile(key_rows, len(every))
             else:
                 key_hit, rows = self._search(index, codes.codes, key_rows, data, not codes.exact)
             deleted = self.table.deleted_rows(path)
@@ -176,7 +181,7 @@ class RowLocator:
             return np.empty(0, np.int64), sorted_rows([])
         key_hit = np.repeat(key_rows, counts)
         offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        rows = index.rows[np.repeat(start, counts) + offsets]
+        rows = index.rows(np.repeat(start, counts) + offsets)
         if check:
             assert index.keys is not None
             same = same_keys(data, key_hit, index.keys, rows.astype(np.int64))
@@ -293,16 +298,18 @@ class RowLocator:
         for name, value in self.condition.equal:
             equal = pc.fill_null(pc.equal(data.column(name), value), False)
             keep &= np.asarray(equal.to_numpy(), np.bool_)
-        rows = np.flatnonzero(keep).astype(np.uint64)
-        if not self._data_keys:
-            return _Index(np.empty(0, np.int64), rows, None)
+        rows = np.flatnonzero(keep).astype(np.uint32)
+        if not self._data_keys:  # every key column is a partition column: no numbers
+            return _Index(np.zeros(len(rows), np.int64), rows, None)
         key_arrays = [data.column(c).combine_chunks() for c in self._data_keys]
         codes = key_codes(key_arrays)
-        kept = codes.codes[rows.astype(np.int64)]
-        if kept.size > 1 and bool(np.all(kept[1:] >= kept[:-1])):
-            return _Index(kept, rows, None if codes.exact else key_arrays)
+        check = None if codes.exact else key_arrays
+        every = len(rows) == count
+        kept = codes.codes if every else codes.codes[rows]
+        if bool(np.all(kept[1:] >= kept[:-1])):  # a file written in key order: no sort
+            return _Index(kept, None if every else rows, check)
         order = np.argsort(kept, kind="stable")
-        return _Index(kept[order], rows[order], None if codes.exact else key_arrays)
+        return _Index(kept[order], rows[order], check)
 
     def _forget_dead(self) -> None:
         live = self.table.state.adds

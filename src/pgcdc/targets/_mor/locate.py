@@ -134,8 +134,7 @@ class RowLocator:
         found_file: list[_I64] = []
         found_row: list[Rows] = []
         paths: list[str] = []
-        candidates = self._candidates(batch, codes.exact if codes else False)
-        for path, key_rows in candidates:
+        for path, key_rows in self._candidates(batch):
             index = self._index(path)
             if codes is None:  # every key column is a partition column
                 every = index.rows(np.arange(len(index.codes)))
@@ -190,9 +189,7 @@ class RowLocator:
 
     # -- which files -----------------------------------------------------------------------
 
-    def _candidates(
-        self, batch: list[pa.ChunkedArray], sorted_search: bool
-    ) -> Iterable[tuple[str, _I64]]:
+    def _candidates(self, batch: list[pa.ChunkedArray]) -> Iterable[tuple[str, _I64]]:
         """The live files that may hold keys of the batch, each with those key rows."""
         count = len(batch[0]) if batch else 0
         all_rows = np.arange(count, dtype=np.int64)
@@ -200,11 +197,11 @@ class RowLocator:
             return
         prunable = {c: _prune_values(batch[self.key_columns.index(c)]) for c in self._data_keys}
         order = None
-        if sorted_search and len(self._data_keys) == 1 and prunable[self._data_keys[0]] is not None:
+        if len(self._data_keys) == 1:  # one integer key column: found by a sorted search
             values = prunable[self._data_keys[0]]
-            assert isinstance(values, np.ndarray)
-            order = np.argsort(values, kind="stable")
-            ordered = values[order]
+            if isinstance(values, np.ndarray):
+                order = np.argsort(values, kind="stable")
+                ordered = values[order]
         for path in list(self.table.state.adds):
             bounds = self._file_bounds(path)
             if bounds.skip:
@@ -271,7 +268,7 @@ class RowLocator:
             kind = self.schema.field(name).type
             bounds.partition[name] = partition_scalar(partition_values.get(name), kind)
         for name in self._data_keys:
-            if name in mins and name in maxes and nulls.get(name, 1) == 0:
+            if name in mins and name in maxes:  # bounds of the values that are not null
                 stat_range = _stat_range(mins[name], maxes[name], self.schema.field(name).type)
                 if stat_range is not None:
                     bounds.ranges[name] = stat_range

@@ -209,13 +209,16 @@ class Cell:
     wall: list[float] = field(default_factory=list)
 
 
-def amplification(data: str, count: int, batches: list[int], reps: int, out: list[Cell]) -> None:
+def amplification(
+    data: str, count: int, batches: list[int], reps: int, methods: set[str], out: list[Cell]
+) -> None:
     base = base_table(data, count)
     row_bytes = table_bytes(base) / count
     files = len(DeltaTable(base).file_uris())
     print(f"\n{count:,} rows, {files} files, {row_bytes:.1f} bytes a row", flush=True)
     rng = np.random.default_rng(count)
-    cow = DeltaTable(copy(base, os.path.join(data, "cow")))
+    cow_path = os.path.join(data, "cow")
+    cow = DeltaTable(copy(base, cow_path)) if "cow" in methods else None
     dv_table = DeltaTable(copy(base, os.path.join(data, "dv")))
     enable_deletion_vectors(dv_table)
     mor = MergeOnReadTable(dv_table)
@@ -229,19 +232,20 @@ def amplification(data: str, count: int, batches: list[int], reps: int, out: lis
             runs: list[tuple[str, Callable[[], tuple[int, Clock]]]] = [
                 ("dv", lambda ids=ids, v=version: dv_batch(mor, locator, ids, v))
             ]
-            if rep < reps:
-                runs.append(("cow", lambda ids=ids, v=version: cow_batch(cow, ids, v)))
+            if rep < reps and cow is not None:
+                runs.append(("cow", lambda ids=ids, v=version, t=cow: cow_batch(t, ids, v)))
             for method, run in runs:
                 written, clock = run()
                 cell = cells[method]
                 cell.bytes_written.append(written)
                 cell.cpu.append(clock.cpu)
                 cell.wall.append(clock.wall)
-        out.extend(cells.values())
         for cell in cells.values():
-            show_cell(cell, row_bytes)
+            if cell.cpu:
+                out.append(cell)
+                show_cell(cell, row_bytes)
     assert logical_row_count(dv_table) == count
-    shutil.rmtree(cow.table_uri.removeprefix("file://"), ignore_errors=True)
+    shutil.rmtree(cow_path, ignore_errors=True)
     shutil.rmtree(mor.table_dir, ignore_errors=True)
 
 
@@ -339,6 +343,7 @@ def main() -> None:
     parser.add_argument("--rows", default="2000000,20000000")
     parser.add_argument("--batches", default="1,100,10000")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--methods", default="cow,dv", help="cow: delta-rs MERGE too")
     parser.add_argument("--steady", type=float, default=600)
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--maintain-every", type=int, default=30)
@@ -350,7 +355,9 @@ def main() -> None:
     counts = [int(n) for n in args.rows.split(",")]
     cells: list[Cell] = []
     for count in counts:
-        amplification(args.data, count, [int(b) for b in args.batches.split(",")], args.reps, cells)
+        batches = [int(b) for b in args.batches.split(",")]
+        methods = set(args.methods.split(","))
+        amplification(args.data, count, batches, args.reps, methods, cells)
     if args.steady > 0:
         steady(args.data, counts[0], args.steady, args.rate, args.maintain_every, args.retention)
     if not args.keep:

@@ -20,13 +20,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import quote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pgcdc.errors import TargetError
-from pgcdc.targets._mor.format import Rows, sorted_rows, write_dv_file
+from pgcdc.targets._mor.format import Rows, sorted_rows, union, write_dv_file
 from pgcdc.targets._mor.log import commit_path
 from pgcdc.targets._mor.stats import file_stats, indexed_columns
 from pgcdc.targets._mor.table import MergeOnReadTable
@@ -238,7 +237,7 @@ def commit_delete_and_append(
         if rows.size and int(rows[-1]) >= total:
             raise TargetError(f"{table.uri}: {path} has {total} rows, not {rows[-1]}")
         before = table.deleted_rows(path)
-        merged = np.union1d(before, rows).astype(np.uint64)
+        merged = union(before, rows)
         if merged.size == before.size:
             continue  # nothing new deleted in this file
         deleted += merged.size - before.size
@@ -281,6 +280,7 @@ def commit_delete_and_append(
     table.state.apply(read_version + 1, actions)
     table.table.update_incremental()
     table.sync()
+    table.forget_deleted()
     return CommitResult(
         read_version + 1,
         result["data_bytes"],
@@ -307,6 +307,7 @@ def _actions(
         written.append(os.path.join(table.table_dir, name))
         dv_bytes = os.path.getsize(written[-1])
         for path, descriptor in zip(paths, descriptors, strict=True):
+            table.remember_deleted(descriptor, new_dvs[path])
             old = table.state.adds[path]
             actions.append({"remove": remove_of(old, now, True)})
             add = {k: v for k, v in old.items() if k != "deletionVector"}

@@ -34,12 +34,14 @@ __all__ = [
     "DeletionVector",
     "DvFormatError",
     "Rows",
+    "contains",
     "decode",
     "descriptor_rows",
     "dv_file_name",
     "encode",
     "no_rows",
     "sorted_rows",
+    "union",
     "write_dv_file",
     "z85_decode",
     "z85_encode",
@@ -73,6 +75,20 @@ def sorted_rows(rows: Any) -> Rows:
     if out.size > 1 and not bool(np.all(out[1:] > out[:-1])):
         out = np.unique(out)
     return out
+
+
+def contains(rows: Rows, values: Rows) -> npt.NDArray[np.bool_]:
+    """Per value (any order): whether sorted `rows` holds it."""
+    if not rows.size:
+        return np.zeros(values.size, np.bool_)
+    at = np.minimum(np.searchsorted(rows, values), rows.size - 1)
+    return np.asarray(rows[at] == values, np.bool_)
+
+
+def union(rows: Rows, more: Rows) -> Rows:
+    """Sorted `rows` with sorted unique `more` added (a DV and the rows a batch deletes)."""
+    more = more[~contains(rows, more)]
+    return np.insert(rows, np.searchsorted(rows, more), more) if more.size else rows
 
 
 # -- Z85 (ZeroMQ's base 85): 4 bytes <-> 5 characters ------------------------------------

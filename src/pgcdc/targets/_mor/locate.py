@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.targets._mor.format import Rows, sorted_rows
+from pgcdc.targets._mor.format import Rows, contains, sorted_rows
 from pgcdc.targets._mor.keys import key_codes, same_keys
 from pgcdc.targets._mor.table import MergeOnReadTable, partition_scalar
 
@@ -144,7 +144,7 @@ class RowLocator:
                 key_hit, rows = self._search(index, codes.codes, key_rows, data, not codes.exact)
             deleted = self.table.deleted_rows(path)
             if deleted.size and rows.size:
-                live = ~np.isin(rows, deleted)
+                live = ~contains(deleted, rows)
                 key_hit, rows = key_hit[live], rows[live]
             if rows.size:
                 found_key.append(key_hit)

@@ -2,7 +2,10 @@
 
 * purge: files with at least `purge_fraction` of their rows deleted are rewritten without
   them, in their row order (one commit, ``dataChange: false``);
-* compaction of small files (delta-rs's `optimize.compact`, which applies DVs);
+* compaction: files smaller than `small_file_bytes` (the batches' appends), once there are
+  `compact_min_files` of them, rewritten together in files of about `target_file_bytes`
+  (delta-rs's `optimize.compact` would rewrite every file below its target size, the
+  clustered base files included);
 * lite vacuum (`vacuum()`, retention from ``delta.deletedFileRetentionDuration``): it
   deletes the data files of expired removes, never DV files. Never ``vacuum(full=True)``
   on a DV table: delta-rs then deletes the DV files live files use (the table breaks);
@@ -38,9 +41,9 @@ class MaintenancePolicy:
     """When `maintain_deletion_vectors` rewrites, compacts, collects and checkpoints."""
 
     purge_fraction: float = 0.3
-    small_file_bytes: int = 8 << 20
-    compact_min_files: int = 8
-    target_file_bytes: int = 32 << 20
+    small_file_bytes: int = 1 << 20
+    compact_min_files: int = 16
+    target_file_bytes: int = 8 << 20
     checkpoint_every: int = 100
     vacuum: bool = True
     min_orphan_age_s: float = 3600.0
@@ -53,6 +56,7 @@ class MaintenanceReport:
     purged_files: int = 0
     purge_bytes: int = 0
     compacted_files: int = 0
+    compact_bytes: int = 0
     vacuumed_files: int = 0
     collected: list[str] = field(default_factory=list)
     checkpoint: int | None = None
@@ -67,14 +71,25 @@ def maintain_deletion_vectors(
     policy = policy or MaintenancePolicy()
     report = MaintenanceReport()
     table.refresh()
-    purge(table, policy.purge_fraction, report)
-    small = [p for p, a in table.state.adds.items() if a["size"] < policy.small_file_bytes]
+    purged = []
+    for path, add in table.state.adds.items():
+        dv = add.get("deletionVector")
+        if dv and int(dv["cardinality"]) >= policy.purge_fraction * table.num_records(path):
+            purged.append([path])
+    if purged:
+        report.purge_bytes = rewrite(table, purged, "purge")
+        report.purged_files = len(purged)
+        report.commits += 1
+    small = sorted(
+        (p for p, a in table.state.adds.items() if a["size"] < policy.small_file_bytes),
+        key=lambda p: table.state.adds[p].get("modificationTime", 0),
+    )
     if len(small) >= policy.compact_min_files:
-        before = table.table.version()
-        metrics = table.table.optimize.compact(target_size=policy.target_file_bytes)
-        report.compacted_files = int(metrics.get("numFilesRemoved", 0))
-        report.commits += table.table.version() - before
-        table.sync()
+        report.compact_bytes = rewrite(
+            table, _bins(table, small, policy.target_file_bytes), "compact"
+        )
+        report.compacted_files = len(small)
+        report.commits += 1
     if policy.vacuum:  # its start and end are commits
         report.vacuumed_files = len(table.table.vacuum(dry_run=False))
         table.sync()
@@ -87,15 +102,22 @@ def maintain_deletion_vectors(
     return report
 
 
-def purge(table: MergeOnReadTable, fraction: float, report: MaintenanceReport) -> None:
-    """Rewrites the files with at least `fraction` of their rows deleted (one commit)."""
-    chosen = []
-    for path, add in table.state.adds.items():
-        dv = add.get("deletionVector")
-        if dv and int(dv["cardinality"]) >= fraction * table.num_records(path):
-            chosen.append(path)
-    if not chosen:
-        return
+def _bins(table: MergeOnReadTable, paths: list[str], target: int) -> list[list[str]]:
+    """`paths` in groups of about `target` bytes, each of one partition."""
+    groups: dict[str, list[list[str]]] = {}
+    for path in paths:
+        add = table.state.adds[path]
+        bins = groups.setdefault(json.dumps(add.get("partitionValues") or {}, sort_keys=True), [[]])
+        size = sum(table.state.adds[p]["size"] for p in bins[-1])
+        if bins[-1] and size + add["size"] > target:
+            bins.append([])
+        bins[-1].append(path)
+    return [b for bins in groups.values() for b in bins]
+
+
+def rewrite(table: MergeOnReadTable, groups: list[list[str]], why: str) -> int:
+    """Each group of live files rewritten as one new file of its live rows, in their order
+    (one commit, ``dataChange: false``); the bytes written."""
     names = table.arrow_schema().names
     now = table.now_ms()
     version = table.state.version + 1
@@ -104,7 +126,7 @@ def purge(table: MergeOnReadTable, fraction: float, report: MaintenanceReport) -
             "commitInfo": {
                 "timestamp": now,
                 "operation": "OPTIMIZE",
-                "operationParameters": {"purge": "deletion vectors"},
+                "operationParameters": {"pgcdc": why},
                 "readVersion": table.state.version,
                 "isolationLevel": "Serializable",
                 "isBlindAppend": False,
@@ -113,27 +135,30 @@ def purge(table: MergeOnReadTable, fraction: float, report: MaintenanceReport) -
         }
     ]
     written: list[str] = []
+    size = 0
     try:
-        for path in chosen:
-            total = table.num_records(path)
-            keep = np.ones(total, np.bool_)
-            keep[table.deleted_rows(path).astype(np.int64)] = False
-            live = table.read_file(path, names).filter(pa.array(keep))
-            actions.append({"remove": remove_of(table.state.adds[path], now, False)})
+        for group in groups:
+            parts = []
+            for path in group:
+                keep = np.ones(table.num_records(path), np.bool_)
+                keep[table.deleted_rows(path).astype(np.int64)] = False
+                parts.append(table.read_file(path, names).filter(pa.array(keep)))
+                actions.append({"remove": remove_of(table.state.adds[path], now, False)})
+            live = pa.concat_tables(parts)
             for add in write_data_files(table, live, data_change=False) if live.num_rows else []:
                 written.append(table.file_path(add["path"]))
-                report.purge_bytes += add["size"]
+                size += add["size"]
                 actions.append({"add": add})
         write_commit(table, version, actions)
     except BaseException:
         for local in written:
-            os.unlink(local)
+            with contextlib.suppress(OSError):
+                os.unlink(local)
         raise
     table.state.apply(version, actions)
     table.table.update_incremental()
     table.sync()
-    report.purged_files += len(chosen)
-    report.commits += 1
+    return size
 
 
 def _dv_file(table: MergeOnReadTable, action: dict[str, Any]) -> str | None:

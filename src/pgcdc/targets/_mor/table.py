@@ -201,6 +201,10 @@ class MergeOnReadTable:
             rows = self._deleted[dv.unique_id] = descriptor_rows(self.table_dir, dv)
         return rows
 
+    def remember_deleted(self, dv: DeletionVector, rows: Rows) -> None:
+        """The rows of a DV this process wrote (its file need not be read back)."""
+        self._deleted[dv.unique_id] = rows
+
     def forget_deleted(self) -> None:
         """Drops cached DVs no live file uses."""
         live = {dv.unique_id for p in self.state.adds if (dv := self.deletion_vector(p))}

@@ -18,6 +18,17 @@ commit. delta-rs then reads, merges, compacts, checkpoints and vacuums the table
 
 Local file systems only (DeletionVectorsUnsupported otherwise): the caller merges
 copy-on-write there.
+
+A mirror's batch, with the table kept open (`TableIO`) and one `MergeOnReadTable` and
+`RowLocator(mor, key_names)` per target kept with it::
+
+    matches = locator.locate(batch_keys)          # every key the batch changes or deletes
+    commit_delete_and_append(mor, matches.by_file(), new_row_versions,
+                             (app_id, high_lsn), {COLUMNS: recorded_columns(...)})
+
+On CommitConflict: `mor.refresh()`, locate again, commit again. A history locates with
+``RowCondition(null=(END_AT,))`` and ``columns=None``, and appends the ended copies
+(`Matches.values` with the end set) with the new versions in the same commit.
 """
 
 from pgcdc.targets._mor.commit import CommitConflict, CommitResult, commit_delete_and_append

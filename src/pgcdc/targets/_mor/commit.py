@@ -11,6 +11,7 @@ and `maintain` collects them.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import uuid
@@ -113,9 +114,8 @@ def _partition_text(value: Any) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    if hasattr(value, "tzinfo") and hasattr(value, "hour"):  # timestamps: UTC, microseconds
-        text = value.strftime("%Y-%m-%d %H:%M:%S.%f")
-        return text
+    if isinstance(value, dt.datetime):  # timestamps: UTC, microseconds
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
     return str(value)
 
 

@@ -30,6 +30,9 @@ from .envelopes import (
 )
 
 REL = relation(("id", INT4, True), ("name", TEXT), ("amount", NUMERIC, False, numeric(12, 2)))
+#: Every test both ways a batch is written (deletion vectors, copy-on-write MERGE).
+pytestmark = pytest.mark.usefixtures("write_path")
+
 APP = "pgcdc:test"
 
 change = st.one_of(

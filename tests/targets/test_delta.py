@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pgcdc.errors import TargetError, ValueOutOfRange
-from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget
+from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget, _table
 from pgcdc.targets._merge import Writer
 
 from .envelopes import (
@@ -28,6 +28,9 @@ from .envelopes import (
 )
 
 REL = relation(("id", INT4, True), ("name", TEXT), ("doc", TEXT))
+#: Every test both ways a batch is written (deletion vectors, copy-on-write MERGE).
+pytestmark = pytest.mark.usefixtures("write_path")
+
 APP = "pgcdc:test"
 
 
@@ -65,6 +68,7 @@ def test_mirror_folds_a_batch_into_one_commit(tmp_path: Path) -> None:
     dt = DeltaTable(t.path)
     assert dt.metadata().configuration == {
         **TABLE_PROPERTIES,
+        **_table.LOCAL_PROPERTIES,
         "pgcdc.mode": "mirror",
         "pgcdc.source": "public.items",
     }
@@ -396,14 +400,21 @@ def test_a_refused_batch_leaves_nothing_behind(tmp_path: Path) -> None:
     assert rows(t.to_arrow()) == [(3, None)]
 
 
+@pytest.mark.parametrize("deletion_vectors", [False, True])
 def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletion_vectors: bool
 ) -> None:
+    """Copy-on-write tables: small files compacted every COMPACT_EVERY versions, delta-rs
+    checkpoints; tables with deletion vectors: their own policy every MERGE_ON_READ_EVERY."""
     import pgcdc.targets.delta as delta
+    from pgcdc.targets._mor import MaintenancePolicy
 
     monkeypatch.setattr(delta, "COMPACT_EVERY", 10)
     monkeypatch.setattr(delta, "SMALL_FILES", 4)
-    t = target(tmp_path, "history", properties={"delta.checkpointInterval": "5"})
+    monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 10)
+    properties = {"delta.enableDeletionVectors": str(deletion_vectors).lower()}
+    t = target(tmp_path, "history", properties={**properties, "delta.checkpointInterval": "5"})
+    t.writer.mor.policy = MaintenancePolicy(compact_min_files=4, checkpoint_every=5)
     batches = [envelope(txn(0x100 * (i + 1), insert(REL, id=i, name="n"))) for i in range(12)]
     for batch in batches:
         t.apply(batch)

@@ -14,6 +14,9 @@ from pgcdc.targets import DeltaTarget
 from .envelopes import INT4, TEXT, delete, envelope, insert, relation, rows, txn
 
 REL = relation(("id", INT4, True), ("name", TEXT))
+#: Every test both ways a batch is written (deletion vectors, copy-on-write MERGE).
+pytestmark = pytest.mark.usefixtures("write_path")
+
 FULL = relation(("id", INT4), ("name", TEXT), identity="f")
 
 

@@ -39,6 +39,8 @@ from .envelopes import (
 V1 = relation(("id", INT4, True), ("name", TEXT))
 V2 = relation(("id", INT4, True), ("name", TEXT), ("score", INT4))  # ADD COLUMN score
 APP = "pgcdc:test"
+#: Every test both ways a batch is written (deletion vectors, copy-on-write MERGE).
+pytestmark = pytest.mark.usefixtures("write_path")
 
 
 def target(tmp_path: Path, mode: str = "mirror", **kwargs: Any) -> DeltaTarget:

@@ -40,6 +40,7 @@ from pgcdc.targets._arrow import (
     seq_sql,
     with_column,
 )
+from pgcdc.targets._merge_on_read import MergeOnRead
 from pgcdc.targets._meta import COLUMNS, recorded, recorded_columns
 from pgcdc.targets._table import TableIO
 from pgcdc.targets._typing import BatchTyping
@@ -94,6 +95,8 @@ class Writer:
         self.io = io
         self.mode = mode
         self.path = io.path
+        #: Writes with deletion vectors, where the table has them.
+        self.mor = MergeOnRead(io, mode)
 
     def follow_columns(
         self, table: DeltaTable | None, last: dict[str, Any], shapes: list[Shape]
@@ -247,6 +250,9 @@ class Writer:
         current = self.io.schema(table)
         if not shape.key_names:
             return self.append_rows(table, data, schema, commit)
+        if self.mor.usable(table, schema):
+            self.mor.mirror(table, shape, data, schema, commit)
+            return True
         match = self.key_match(shape)
         narrow = key_filter(shape.key_names, data)
         if narrow is not None:
@@ -312,6 +318,14 @@ class Writer:
         if shape is not None and inserts_only and not self.holds_any(table, shape, data):
             versions = data.filter(pc.equal(data.column(ACTION), "insert")).drop_columns([ACTION])
             return versions.num_rows > 0 and self.append_rows(table, versions, schema, commit)
+        if (
+            shape is not None
+            and shape.key_names
+            and truncated_at is None
+            and self.mor.usable(table, schema)
+        ):
+            self.mor.history(table, shape, data, schema, commit)
+            return True
         match = self.key_match(shape)
         action = f"s.{q(ACTION)}"
         start, end = f"t.{q(START_AT)}", f"t.{q(END_AT)}"

@@ -8,7 +8,10 @@ each one overridable per target): a MERGE writes files of at most ``delta.target
 change), files a commit removed are deleted by the periodic vacuum once older than
 ``delta.deletedFileRetentionDuration`` (a reader's query must finish within it), and log
 entries older than ``delta.logRetentionDuration`` go at each checkpoint (time travel reaches
-that far back). A table made before, or with other values, gets them at its first open."""
+that far back). A table made before, or with other values, gets them at its first open.
+A local table also gets deletion vectors (``delta.enableDeletionVectors``): pgcdc then writes
+a batch's changed rows merge-on-read (`pgcdc.targets._merge_on_read`); on an object store
+pgcdc cannot write them yet, and merges copy-on-write."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pgcdc.errors import TargetError
 from pgcdc.targets._arrow import conform
 from pgcdc.targets.base import Mode
 
-__all__ = ["TABLE_PROPERTIES", "TableIO"]
+__all__ = ["LOCAL_PROPERTIES", "TABLE_PROPERTIES", "TableIO"]
 
 #: pgcdc's table properties (see the module docstring); a target's own override them.
 TABLE_PROPERTIES = {
@@ -29,6 +32,8 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 30 minutes",
     "delta.logRetentionDuration": "interval 2 hours",
 }
+#: And a local table's.
+LOCAL_PROPERTIES = {"delta.enableDeletionVectors": "true"}
 
 
 class TableIO:
@@ -44,7 +49,8 @@ class TableIO:
         self.path = path
         self.mode = mode
         self.storage_options = storage_options
-        self.properties = {**TABLE_PROPERTIES, **(properties or {})}
+        local = {} if "://" in path and not path.startswith("file://") else LOCAL_PROPERTIES
+        self.properties = {**TABLE_PROPERTIES, **local, **(properties or {})}
         self._table: DeltaTable | None = None
 
     def open(self) -> DeltaTable | None:

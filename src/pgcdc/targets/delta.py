@@ -82,6 +82,7 @@ from pgcdc.targets._meta import (
     recorded_columns,
     recorded_keys,
 )
+from pgcdc.targets._mor import logical_row_count
 from pgcdc.targets._resync import Reconciler
 from pgcdc.targets._table import TableIO
 from pgcdc.targets._typing import BatchTyping
@@ -122,6 +123,7 @@ COMPACT_EVERY = 50
 SMALL_FILES = 16
 VACUUM_EVERY = 500
 VACUUM_SECONDS = 300.0
+MERGE_ON_READ_EVERY = 25
 
 
 class DeltaTarget(Target):
@@ -574,8 +576,13 @@ class DeltaTarget(Target):
         table = self.io.open()
         if table is None:
             return TargetState(False)
-        actions = pa.table(table.get_add_actions(flatten=True))  # an arro3 table: to pyarrow
-        rows = pc.sum(actions.column("num_records")).as_py() or 0
+        if table.protocol().reader_features and "deletionVectors" in (
+            table.protocol().reader_features or ()
+        ):
+            rows = logical_row_count(table)
+        else:
+            actions = pa.table(table.get_add_actions(flatten=True))  # an arro3 table: pyarrow
+            rows = pc.sum(actions.column("num_records")).as_py() or 0
         last = table.history(1)
         at = None
         if last and last[0].get("timestamp") is not None:
@@ -589,11 +596,19 @@ class DeltaTarget(Target):
         every `VACUUM_EVERY` versions, or `VACUUM_SECONDS` after the last vacuum of this
         process, the files removed longer ago than the table's
         ``delta.deletedFileRetentionDuration`` are deleted. delta-rs checkpoints the log
-        itself (every ``delta.checkpointInterval`` commits) and drops expired log entries."""
+        itself (every ``delta.checkpointInterval`` commits) and drops expired log entries.
+        A table written with deletion vectors is kept by their own policy instead, every
+        `MERGE_ON_READ_EVERY` versions (`pgcdc.targets._mor.maintain`: files with many rows
+        deleted rewritten, small files compacted, unreferenced files collected, vacuum,
+        checkpoints)."""
         table = self.io.open()
         if table is None:
             return
         version = table.version()
+        if self.writer.mor.active(table):
+            if version and version % MERGE_ON_READ_EVERY == 0:
+                self.writer.mor.maintain(table)
+            return
         now = time.monotonic()
         if version and version % COMPACT_EVERY == 0:
             self._compact(table)

@@ -30,6 +30,7 @@ from pgcdc.cli.render import message_json, message_text
 from pgcdc.decoding import PluginRunner
 from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
 from pgcdc.monitoring.units import format_bytes
+from pgcdc.output_file import OutputFile
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -292,28 +293,20 @@ def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
     )
 
 
-def _open_output(path: str | Path) -> BinaryIO:
-    """A file given with ``-f``, opened for appending before anything else happens (no slot
-    created for a run that cannot write its output)."""
-    try:
-        return open(path, "ab")
-    except OSError as exc:
-        raise OutputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
 class TransactionOutput:
-    """What `tail` writes. With `hold`, a transaction's output reaches the file only once the
-    transaction is complete (`commit`): one cut off by a lost connection is sent again whole
-    by the next session, and is then written once (`discard` drops the part). Held output
-    stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file is made
-    durable (`sync`, one fsync) before each status update that may move the slot, not after
-    every transaction."""
+    """What `tail` writes. With `hold`, a transaction's output reaches the output only once
+    the transaction is complete (`commit`): one cut off by a lost connection is sent again
+    whole by the next session, and is then written once (`discard` drops the part). Held
+    output stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file
+    (`-f`) is made durable (`sync`: one fsync; see `pgcdc.output_file` for devices and pipes)
+    before each status update that may move the slot, not after every transaction."""
 
     def __init__(
-        self, out: BinaryIO, *, hold: bool, memory_limit: int, spill_dir: str | None
+        self, file: OutputFile | None, *, hold: bool, memory_limit: int, spill_dir: str | None
     ) -> None:
-        self.out = out
-        self.file = out is not sys.stdout.buffer
+        #: The file given with -f; None for standard output.
+        self.file = file
+        self.out: BinaryIO = sys.stdout.buffer if file is None else file.file
         self.held: tempfile.SpooledTemporaryFile[bytes] | None = None
         if hold:
             self.held = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (closed by close())
@@ -335,20 +328,15 @@ class TransactionOutput:
 
     def sync(self) -> None:
         """Make what was committed durable (before the slot is confirmed past it)."""
-        if self.file:
-            with self._reporting():
-                os.fsync(self.out.fileno())
+        if self.file is not None:
+            self.file.sync()
 
-    @contextlib.contextmanager
-    def _reporting(self) -> Iterator[None]:
+    def _reporting(self) -> contextlib.AbstractContextManager[None]:
         """Output that cannot be written (disk full, ...) as one line; a closed pipe as it
         is (the reader went away: a quiet exit)."""
-        try:
-            yield
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputFileError(f"cannot write {self.out.name}: {exc.strerror}") from None
+        if self.file is not None:
+            return self.file.reporting()
+        return _stdout_reporting()
 
     def discard(self) -> None:
         """Drop what is held: the transaction it belongs to did not complete."""
@@ -359,8 +347,18 @@ class TransactionOutput:
     def close(self) -> None:
         if self.held is not None:
             self.held.close()
-        if self.file:
-            self.out.close()
+        if self.file is not None:
+            self.file.close()
+
+
+@contextlib.contextmanager
+def _stdout_reporting() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFileError(f"cannot write standard output: {exc.strerror}") from None
 
 
 class StatusLine:
@@ -481,7 +479,7 @@ def tail(
     options = dict(_plugin_option(o) for o in plugin_options)
     limit = _size(memory_limit)
     out = TransactionOutput(
-        sys.stdout.buffer if output == "-" else _open_output(output),
+        None if output == "-" else OutputFile(output),
         hold=kwargs["streaming"] is None or kwargs["streaming"] == "off",
         memory_limit=limit,
         spill_dir=spill_dir,
@@ -579,11 +577,12 @@ def record(output: Path, no_confirm: bool, **kwargs: Any) -> None:
     """Record a slot's raw replication frames into a capture file."""
     _check_stream_flags(kwargs)
     existed = output.exists()
-    _open_output(output).close()  # writable? (a file that existed is left as it was)
+    capture = OutputFile(output)  # writable? (a file that existed is left as it was)
     try:
-        _maybe_create_slot(kwargs)
-        client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
-        count = record_capture(client, output)
+        with capture:
+            _maybe_create_slot(kwargs)
+            client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
+            count = record_capture(client, capture)
     except BaseException:
         if not existed and output.exists() and output.stat().st_size == 0:
             output.unlink()  # nothing was recorded: leave no empty capture behind

@@ -144,6 +144,14 @@ SERVER_CASES = {
     "decode: header string for a number (format 2, valid checksum)": case(
         "decode", "{capture}.string", needles='server_version is "160000"'
     ),
+    "decode: header proto_version 1 with streaming 'parallel' (format 2)": case(
+        "decode",
+        "{capture}.parallel",
+        needles="streaming 'parallel' needs proto_version 4 or higher, 1 was requested",
+    ),
+    "decode: header with a list for a string (format 2)": case(
+        "decode", "{capture}.list", needles='streaming is ["on"], expected'
+    ),
     "decode: header damaged (format 2)": case(
         "decode", "{capture}.flipped", needles=("header record at byte 10", "checksum")
     ),
@@ -302,6 +310,8 @@ def write_damaged_captures(path: Path) -> None:
     write("proto5.v1", {"proto_version": 5}, 1)
     write("oo.v1", {"streaming": "oo"}, 1)
     write("string", {"server_version": "160000"}, 2)
+    write("parallel", {"proto_version": 1, "streaming": "parallel"}, 2)
+    write("list", {"streaming": ["on"]}, 2)
     flipped = bytearray(path.read_bytes())
     flipped[flipped.index(b"proto_version") + 2] ^= 0x01
     Path(f"{path}.flipped").write_bytes(bytes(flipped))

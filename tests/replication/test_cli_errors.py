@@ -76,6 +76,28 @@ SERVER_CASES = {
     "publication create: no privilege": case(
         "publication", "create", "p2", "-d", "{weak_dsn}", "-t", "t", needles="permission denied"
     ),
+    "publication create: a row filter that would break the application's updates": case(
+        "publication",
+        "create",
+        "p2",
+        "-d",
+        "{dsn}",
+        "-t",
+        "t WHERE v IS NOT NULL",
+        needles=("publication 'p2' not created: public.t: UPDATE and DELETE", "filter on id only"),
+    ),
+    "publication alter: a column list without the key": case(
+        "publication",
+        "alter",
+        "{pub}",
+        "-d",
+        "{dsn}",
+        "--drop",
+        "t",
+        "--add",
+        "t(v)",
+        needles=("publication 'bad_pub' not altered", "add id to the column list"),
+    ),
     "publication alter: no such publication": case(
         "publication", "alter", "nosuch", "-d", "{dsn}", "--add", "t", needles='"nosuch" does not'
     ),

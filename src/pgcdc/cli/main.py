@@ -811,8 +811,17 @@ _tables_option = click.option(
 )
 
 
+_force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="do it even if the server would then refuse the application's UPDATE or DELETE of a "
+    "table (its replica identity cannot carry the change)",
+)
+
+
 def _print_publication(info: publications.PublicationInfo) -> None:
-    scope = "all tables" if info.all_tables else f"{len(info.tables)} tables"
+    count = len(info.tables)
+    scope = "all tables" if info.all_tables else f"{count} table{'' if count == 1 else 's'}"
     click.echo(
         f"publication {info.name}: {scope}; publishes {', '.join(info.publishes)}"
         f"{'; via partition root' if info.via_partition_root else ''}"
@@ -832,6 +841,7 @@ def _print_publication(info: publications.PublicationInfo) -> None:
 @click.option("--all-tables", is_flag=True, help="FOR ALL TABLES")
 @click.option("--publish", default=None, help="operations, e.g. 'insert,update,delete,truncate'")
 @click.option("--via-partition-root", is_flag=True, help="publish partitions as their root")
+@_force_option
 @_user_errors
 def publication_create(
     name: str,
@@ -840,8 +850,10 @@ def publication_create(
     all_tables: bool,
     publish: str | None,
     via_partition_root: bool,
+    force: bool,
 ) -> None:
-    """Create a publication."""
+    """Create a publication (refused if it would make the application's UPDATE or DELETE of
+    a table fail, unless --force)."""
     if all_tables == bool(tables):
         raise click.UsageError("give either --all-tables or at least one --table")
     info = publications.create_publication(
@@ -850,6 +862,7 @@ def publication_create(
         None if all_tables else [publications.TableSpec.parse(t) for t in tables],
         publish=publish.split(",") if publish else None,
         via_partition_root=via_partition_root,
+        force=force,
     )
     _print_publication(info)
 
@@ -859,13 +872,19 @@ def publication_create(
 @_conninfo_option
 @click.option("--add", multiple=True, metavar="SPEC", help="table to add (repeatable)")
 @click.option("--drop", multiple=True, metavar="TABLE", help="table to drop (repeatable)")
+@_force_option
 @_user_errors
 def publication_alter(
-    name: str, conninfo: str, add: tuple[str, ...], drop: tuple[str, ...]
+    name: str, conninfo: str, add: tuple[str, ...], drop: tuple[str, ...], force: bool
 ) -> None:
-    """Add tables to a publication or drop them from it."""
+    """Drop tables from a publication and add tables to it, in one transaction (--drop T --add
+    'T(cols)' changes T's column list; refused like create, unless --force)."""
     info = publications.alter_publication(
-        conninfo, name, add=[publications.TableSpec.parse(t) for t in add], drop=drop
+        conninfo,
+        name,
+        add=[publications.TableSpec.parse(t) for t in add],
+        drop=drop,
+        force=force,
     )
     _print_publication(info)
 
@@ -875,7 +894,8 @@ def publication_alter(
 @_conninfo_option
 @_user_errors
 def publication_describe(name: str, conninfo: str) -> None:
-    """Show a publication's tables, and warn about risky replica identities."""
+    """Show a publication's tables, and warn about those whose UPDATE or DELETE the server
+    refuses now."""
     _print_publication(publications.describe_publication(conninfo, name))
 
 

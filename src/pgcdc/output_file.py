@@ -34,8 +34,8 @@ _NOT_SYNCABLE = {
 
 
 class OutputFile:
-    """`path` opened for appending (an `OutputFileError` if it cannot be). `write` through
-    `file` inside `reporting()`, `sync()` before the slot may move past what was written."""
+    """`path` opened for appending (an `OutputFileError` if it cannot be). Write to `file`
+    inside `reporting()`; `sync()` before the slot may move past what was written."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.name = os.fspath(path)
@@ -62,14 +62,6 @@ class OutputFile:
         except OSError as exc:
             self.failed = True
             raise OutputFileError(f"cannot write {self.name}: {exc.strerror or exc}") from None
-
-    def write(self, data: bytes) -> None:
-        with self.reporting():
-            self.file.write(data)
-
-    def flush(self) -> None:
-        with self.reporting():
-            self.file.flush()
 
     def sync(self) -> None:
         """Make everything written so far durable, where it can be (`not_durable` says why

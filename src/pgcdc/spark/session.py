@@ -67,14 +67,18 @@ _JVM_NOISE = (b"WARNING: Using incubator modules:",)
 def _forward_stderr(source: int, target: int) -> None:
     """Copy the lines of `source` to `target`, but those of `_JVM_NOISE`, until EOF."""
     pending = b""
-    while data := os.read(source, 65536):
-        *lines, pending = (pending + data).split(b"\n")
-        kept = [line + b"\n" for line in lines if not line.startswith(_JVM_NOISE)]
-        if kept:
-            os.write(target, b"".join(kept))
-    if pending and not pending.startswith(_JVM_NOISE):
-        os.write(target, pending)
-    os.close(source)
+    try:
+        while data := os.read(source, 65536):
+            *lines, pending = (pending + data).split(b"\n")
+            kept = [line + b"\n" for line in lines if not line.startswith(_JVM_NOISE)]
+            if kept:
+                os.write(target, b"".join(kept))
+        if pending and not pending.startswith(_JVM_NOISE):
+            os.write(target, pending)
+    except OSError:
+        pass  # the real stderr is gone: nothing can be shown
+    finally:
+        os.close(source)
 
 
 @contextlib.contextmanager
@@ -119,12 +123,10 @@ def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
-    if "PGCDC_SPARK_LOG_LEVEL" in os.environ:
+    quiet = "PGCDC_SPARK_LOG_LEVEL" not in os.environ
+    with _quiet_jvm_start() if quiet else contextlib.nullcontext():
         spark = builder.getOrCreate()
-    else:
-        with _quiet_jvm_start():
-            spark = builder.getOrCreate()
-    if "PGCDC_SPARK_LOG_LEVEL" not in os.environ:
+    if quiet:
         # py4j logs the traceback of an exception raised in a foreachBatch function; the
         # pipeline reports it in one line (`error_line`).
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, BinaryIO
 
-from pgcdc.errors import CaptureError, RecordError
-from pgcdc.protocol import MAX_PROTO_VERSION, StreamingMode
+from pgcdc.errors import CaptureError, RecordError, UnsupportedOption
+from pgcdc.protocol import MAX_PROTO_VERSION, Lsn, StreamingMode
 from pgcdc.records import MAX_PAYLOAD, read_records, write_record
+from pgcdc.replication.options import OriginFilter, StreamOptions
 
 __all__ = ["CaptureHeader", "CaptureReader", "CaptureRecord", "CaptureWriter"]
 
@@ -54,23 +55,49 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def _is_lsn(value: Any) -> bool:
+    try:
+        Lsn.parse(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_STREAMING_MODES = {m.value for m in StreamingMode}
+
 #: What each header field may hold: a check, and what the check means (for the message).
+#: Every field is required: pgcdc has always written them all.
 _FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "proto_version": (
         lambda v: _is_int(v) and 1 <= v <= MAX_PROTO_VERSION,
         f"an integer from 1 to {MAX_PROTO_VERSION}",
     ),
     "streaming": (
-        lambda v: v in {m.value for m in StreamingMode},
+        lambda v: isinstance(v, str) and v in _STREAMING_MODES,
         " or ".join(repr(m.value) for m in StreamingMode),
     ),
     "binary": (lambda v: isinstance(v, bool), "true or false"),
     "messages": (lambda v: isinstance(v, bool), "true or false"),
     "two_phase": (lambda v: isinstance(v, bool), "true or false"),
-    "origin": (lambda v: v in (None, "any", "none"), "null, 'any' or 'none'"),
+    "origin": (
+        lambda v: v is None or (isinstance(v, str) and v in {"any", "none"}),
+        "null, 'any' or 'none'",
+    ),
     "publication_names": (_is_str_list, "a list of strings"),
-    "server_version": (lambda v: _is_int(v) and v >= 0, "a server_version_num"),
+    "server_version": (
+        lambda v: _is_int(v) and (v == 0 or 100000 <= v < 1000000),
+        "a server_version_num of PostgreSQL 10 or later (or 0: unknown)",
+    ),
+    "start_lsn": (_is_lsn, "an LSN X/Y"),
 }
+
+
+def _excerpt(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 @dataclass(slots=True)
@@ -97,22 +124,63 @@ class CaptureHeader:
 
     @classmethod
     def from_json(cls, data: bytes) -> CaptureHeader:
-        """The header, every value checked: they configure the decoder."""
+        """The header, checked as a whole before it configures a decoder: every field there
+        and of its type, nothing unknown, and a session the server could have had (the
+        streaming mode, two-phase and the server version fit the proto version: the rules of
+        `StreamOptions.negotiate`). Anything else is one `CaptureError` line."""
         try:
             raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CaptureError(f"capture header is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict) or "proto_version" not in raw:
-            raise CaptureError("capture header lacks proto_version")
-        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
-        for name, value in values.items():
+        except (ValueError, RecursionError) as exc:  # also not UTF-8, an absurd number
+            raise CaptureError(f"capture header is not valid JSON: {_one_line(exc)}") from None
+        if not isinstance(raw, dict):
+            raise CaptureError(f"capture header is {_excerpt(raw)}, not a JSON object")
+        names = [f.name for f in fields(cls)]
+        unknown = [str(k) for k in raw if k not in names]
+        if unknown:
+            raise CaptureError(
+                f"capture header has unknown field(s) {', '.join(map(_excerpt, unknown))} "
+                "(a damaged header, or one written by a newer pgcdc)"
+            )
+        for name, value in raw.items():
             check, meaning = _FIELD_CHECKS.get(name, (lambda v: isinstance(v, str), "a string"))
             if not check(value):
                 raise CaptureError(
-                    f"capture header: {name} is {json.dumps(value)[:40]}, expected {meaning} "
+                    f"capture header: {name} is {_excerpt(value)}, expected {meaning} "
                     "(a damaged or hand-edited header)"
                 )
-        return cls(**values)
+        missing = [name for name in names if name not in raw]
+        if missing:
+            raise CaptureError(f"capture header lacks {', '.join(missing)}")
+        header = cls(**raw)
+        header._check_session()
+        return header
+
+    def _check_session(self) -> None:
+        """A session pgoutput could have sent these frames in (`StreamOptions.negotiate`,
+        against the recorded server version when it is known)."""
+        options = StreamOptions(
+            tuple(self.publication_names),
+            proto_version=self.proto_version,
+            binary=self.binary,
+            messages=self.messages,
+            streaming=StreamingMode(self.streaming),
+            two_phase=self.two_phase,
+            origin=None if self.origin is None else OriginFilter(self.origin),
+        )
+        try:
+            options.negotiate(self.server_version or _ANY_SERVER, require_publication=False)
+        except UnsupportedOption as exc:
+            raise CaptureError(
+                f"capture header: {exc} (no session sends that: a damaged or hand-edited header)"
+            ) from None
+
+
+#: A server version that supports every option, for a header that does not know its server.
+_ANY_SERVER = 999999
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 @dataclass(frozen=True, slots=True)

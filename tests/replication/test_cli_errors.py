@@ -76,6 +76,28 @@ SERVER_CASES = {
     "publication create: no privilege": case(
         "publication", "create", "p2", "-d", "{weak_dsn}", "-t", "t", needles="permission denied"
     ),
+    "publication create: a row filter that would break the application's updates": case(
+        "publication",
+        "create",
+        "p2",
+        "-d",
+        "{dsn}",
+        "-t",
+        "t WHERE v IS NOT NULL",
+        needles=("publication 'p2' not created: public.t: UPDATE and DELETE", "filter on id only"),
+    ),
+    "publication alter: a column list without the key": case(
+        "publication",
+        "alter",
+        "{pub}",
+        "-d",
+        "{dsn}",
+        "--drop",
+        "t",
+        "--add",
+        "t(v)",
+        needles=("publication 'bad_pub' not altered", "add id to the column list"),
+    ),
     "publication alter: no such publication": case(
         "publication", "alter", "nosuch", "-d", "{dsn}", "--add", "t", needles='"nosuch" does not'
     ),
@@ -143,6 +165,14 @@ SERVER_CASES = {
     ),
     "decode: header string for a number (format 2, valid checksum)": case(
         "decode", "{capture}.string", needles='server_version is "160000"'
+    ),
+    "decode: header proto_version 1 with streaming 'parallel' (format 2)": case(
+        "decode",
+        "{capture}.parallel",
+        needles=("capture header: streaming 'parallel' needs", "a damaged or hand-edited header"),
+    ),
+    "decode: header with a list for a string (format 2)": case(
+        "decode", "{capture}.list", needles='streaming is ["on"], expected'
     ),
     "decode: header damaged (format 2)": case(
         "decode", "{capture}.flipped", needles=("header record at byte 10", "checksum")
@@ -302,6 +332,8 @@ def write_damaged_captures(path: Path) -> None:
     write("proto5.v1", {"proto_version": 5}, 1)
     write("oo.v1", {"streaming": "oo"}, 1)
     write("string", {"server_version": "160000"}, 2)
+    write("parallel", {"proto_version": 1, "streaming": "parallel"}, 2)
+    write("list", {"streaming": ["on"]}, 2)
     flipped = bytearray(path.read_bytes())
     flipped[flipped.index(b"proto_version") + 2] ^= 0x01
     Path(f"{path}.flipped").write_bytes(bytes(flipped))

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.errors import SlotNotFound, UnsupportedOption
+from pgcdc.errors import PublicationError, SlotNotFound, UnsupportedOption
 from pgcdc.protocol import Lsn
 from pgcdc.replication import publications, slots
 from pgcdc.replication.publications import TableSpec
@@ -27,6 +27,7 @@ from .helpers import (
     current_wal_lsn,
     run_cli,
     slot_row,
+    unique,
     wait_for,
 )
 
@@ -240,23 +241,40 @@ def warnings_by_table(info: publications.PublicationInfo) -> dict[str, list[str]
     return out
 
 
-def test_replica_identity_warnings(pg: Database) -> None:
+def test_a_publication_that_breaks_writes_is_refused_unless_forced(pg: Database) -> None:
     pg.execute(TABLES)
     names = ["plain", "nopk", "full_t", "idx_t", "nothing_t"]
-    info = publications.create_publication(pg.dsn, "risky", [TableSpec(n) for n in names])
+    pg.execute("INSERT INTO nopk VALUES (1, 1); INSERT INTO nothing_t VALUES (1)")
+    with pytest.raises(PublicationError) as refused:
+        publications.create_publication(pg.dsn, "risky", [TableSpec(n) for n in names])
+    line = str(refused.value)
+    assert line.startswith("publication 'risky' not created: ") and "\n" not in line, line
+    assert "public.nopk: UPDATE and DELETE on it would fail in the application" in line
+    assert "the table has no replica identity; replica identity default (no primary key)" in line
+    assert "add a primary key, or ALTER TABLE public.nopk REPLICA IDENTITY FULL" in line
+    assert "public.nothing_t: UPDATE and DELETE" in line and "replica identity nothing" in line
+    assert "plain" not in line and "idx_t" not in line and "full_t" not in line
+    assert not pg.execute("SELECT 1 FROM pg_publication WHERE pubname = 'risky'")
+    pg.execute("UPDATE nopk SET y = 2; DELETE FROM nothing_t")  # the application still writes
+
+    info = publications.create_publication(
+        pg.dsn, "risky", [TableSpec(n) for n in names], force=True
+    )
     warned = warnings_by_table(info)
-    assert set(warned) == {"public.plain", "public.nopk", "public.idx_t", "public.nothing_t"}
+    assert set(warned) == {"public.nopk", "public.nothing_t"}, "no warning for the others"
     (nopk,) = warned["public.nopk"]
-    assert "no primary key" in nopk and "UPDATE" in nopk and "DELETE" in nopk and "fail" in nopk
-    (nothing,) = warned["public.nothing_t"]
-    assert "REPLICA IDENTITY NOTHING" in nothing and "fail" in nothing
-    (plain,) = warned["public.plain"]
-    assert "REPLICA IDENTITY DEFAULT" in plain and "only the key" in plain
-    (idx,) = warned["public.idx_t"]
-    assert "USING INDEX" in idx and "only the key" in idx
+    assert "UPDATE and DELETE on it fail in the application" in nopk
+    identities = {t.name: t.replica_identity for t in info.tables}
+    assert identities == {
+        "plain": "default",
+        "nopk": "default",
+        "full_t": "full",
+        "idx_t": "index",
+        "nothing_t": "nothing",
+    }
 
     # The warnings are true: the server refuses UPDATE and DELETE on those tables.
-    pg.execute("INSERT INTO nopk VALUES (1, 1); INSERT INTO nothing_t VALUES (1)")
+    pg.execute("INSERT INTO nothing_t VALUES (1)")
     for statement in (
         "UPDATE nopk SET y = 2",
         "DELETE FROM nopk",
@@ -267,17 +285,20 @@ def test_replica_identity_warnings(pg: Database) -> None:
             pg.execute(statement)
     pg.execute("INSERT INTO full_t VALUES (1, 1); UPDATE full_t SET y = 2; DELETE FROM full_t")
 
-    # Only inserts published: nothing can fail and no old row is sent, so no warnings.
+    # Only inserts published: nothing can fail because of it, so it is not refused (the
+    # tables that fail already, because of "risky", are not its doing).
     quiet = publications.create_publication(
         pg.dsn, "inserts_only", [TableSpec(n) for n in names], publish=["insert"]
     )
-    assert quiet.warnings() == []
+    assert set(warnings_by_table(quiet)) == {"public.nopk", "public.nothing_t"}
 
     described = run_cli("publication", "describe", "risky", "-d", pg.dsn)
     assert described.returncode == 0, described.stderr
     warning_lines = [x for x in described.stderr.splitlines() if x.startswith("warning: ")]
-    assert len(warning_lines) == 4, described.stderr
-    assert any("public.nopk: no primary key" in line for line in warning_lines)
+    assert len(warning_lines) == 2, described.stderr
+    assert any(line.startswith("warning: public.nopk: UPDATE and DELETE") for line in warning_lines)
+    assert "public.plain  replica identity default" in described.stdout
+    assert "public.idx_t  replica identity index" in described.stdout
     assert "Traceback" not in described.stderr
 
 
@@ -291,9 +312,106 @@ def test_describe_tells_no_column_list_from_explicit_list(pg: Database) -> None:
     assert by_name["plain"].columns is None
 
 
-def test_warns_row_filter_outside_replica_identity(pg: Database) -> None:
+def test_a_row_filter_outside_the_replica_identity_is_refused(pg: Database) -> None:
     pg.execute("CREATE TABLE f (id int PRIMARY KEY, a int); INSERT INTO f VALUES (1, 20)")
-    info = publications.create_publication(pg.dsn, "filtered", [TableSpec("f", where="a > 10")])
+    with pytest.raises(PublicationError, match=r"filter on id only, or ALTER TABLE public\.f"):
+        publications.create_publication(pg.dsn, "filtered", [TableSpec("f", where="a > 10")])
+    pg.execute("UPDATE f SET a = 30")
+    info = publications.create_publication(
+        pg.dsn, "filtered", [TableSpec("f", where="a > 10")], force=True
+    )
     with pytest.raises(psycopg.errors.InvalidColumnReference, match="replica identity"):
-        pg.execute("UPDATE f SET a = 30")
+        pg.execute("UPDATE f SET a = 40")
     assert any("fail" in w for w in warnings_by_table(info).get("public.f", [])), info.warnings()
+
+
+ACCOUNTS = """
+CREATE TABLE pgbench_accounts (aid int PRIMARY KEY, bid int, abalance int, filler char(84));
+INSERT INTO pgbench_accounts SELECT g, 1, g, '' FROM generate_series(1, 10) g;
+"""
+README_SPEC = "pgbench_accounts(aid, abalance) WHERE abalance > 0"
+
+
+def test_the_cli_refuses_what_would_break_the_applications_writes(pg: Database) -> None:
+    """The form the README showed: a row filter on a column outside the default replica
+    identity. Refused in one line (the application's UPDATE still works); with --force it is
+    created, warned about, and the server then refuses the application's UPDATE."""
+    pg.execute(ACCOUNTS)
+    args = ["publication", "create", "accounts", "-d", pg.dsn, "-t", README_SPEC]
+    line = assert_one_error_line(
+        run_cli(*args),
+        "publication 'accounts' not created: public.pgbench_accounts: UPDATE and DELETE on it "
+        "would fail in the application (column used in the publication WHERE expression is "
+        "not part of the replica identity; replica identity default (primary key aid))",
+        "filter on aid only, or ALTER TABLE public.pgbench_accounts REPLICA IDENTITY FULL",
+        "--force",
+    )
+    assert "identity d " not in line and "identity d)" not in line, "the catalog's letter"
+    assert not pg.execute("SELECT 1 FROM pg_publication WHERE pubname = 'accounts'")
+    pg.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
+
+    forced = run_cli(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stderr.startswith("warning: public.pgbench_accounts: UPDATE and DELETE on it")
+    assert "replica identity default" in forced.stdout
+    with pytest.raises(psycopg.errors.InvalidColumnReference, match="replica identity"):
+        pg.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
+
+    # What the line advises works: a filter on the key, or REPLICA IDENTITY FULL.
+    pg.execute("DROP PUBLICATION accounts")
+    keyed = run_cli(*args[:-1], "pgbench_accounts(aid, abalance) WHERE aid > 5")
+    assert keyed.returncode == 0 and not keyed.stderr, keyed.stderr
+    pg.execute("DROP PUBLICATION accounts; ALTER TABLE pgbench_accounts REPLICA IDENTITY FULL")
+    full = run_cli(
+        "publication", "create", "full", "-d", pg.dsn, "-t", "pgbench_accounts WHERE abalance > 0"
+    )
+    assert full.returncode == 0 and not full.stderr, full.stderr
+    pg.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
+
+
+def test_alter_drops_and_adds_a_table_in_one_transaction(pg: Database) -> None:
+    """--drop T --add 'T(cols)' changes T's column list (before: 'already member'); a change
+    that would break writes is refused whole: the drop is not kept either."""
+    pg.execute(ACCOUNTS)
+    assert (
+        run_cli("publication", "create", "acc", "-d", pg.dsn, "-t", "pgbench_accounts").returncode
+        == 0
+    )
+    alter = ["publication", "alter", "acc", "-d", pg.dsn, "--drop", "pgbench_accounts"]
+    changed = run_cli(*alter, "--add", "pgbench_accounts(aid, abalance)")
+    assert changed.returncode == 0, changed.stderr
+    assert "public.pgbench_accounts (aid, abalance)  replica identity default" in changed.stdout
+    (table,) = publications.describe_publication(pg.dsn, "acc").tables
+    assert table.columns == ("aid", "abalance")
+
+    assert_one_error_line(
+        run_cli(*alter, "--add", "pgbench_accounts(bid, abalance)"),
+        "publication 'acc' not altered: public.pgbench_accounts: UPDATE and DELETE on it would "
+        "fail in the application (column list used by the publication does not cover the "
+        "replica identity; replica identity default (primary key aid)): add aid to the column "
+        "list",
+    )
+    (table,) = publications.describe_publication(pg.dsn, "acc").tables
+    assert table.columns == ("aid", "abalance"), "the refused change was half kept"
+    pg.execute("UPDATE pgbench_accounts SET abalance = 0 WHERE aid = 2")
+
+    forced = run_cli(*alter, "--add", "pgbench_accounts(bid, abalance)", "--force")
+    assert forced.returncode == 0 and "warning: public.pgbench_accounts" in forced.stderr
+    with pytest.raises(psycopg.errors.InvalidColumnReference, match="replica identity"):
+        pg.execute("DELETE FROM pgbench_accounts WHERE aid = 2")
+
+
+def test_describe_says_what_it_could_not_check(pg: Database) -> None:
+    """A role that may not update a table cannot ask the server about it: said, not guessed."""
+    pg.execute(ACCOUNTS)
+    publications.create_publication(pg.dsn, "acc", [TableSpec("pgbench_accounts")])
+    weak = unique("reader")
+    pg.server.query(f"CREATE ROLE {weak} LOGIN")
+    try:
+        info = publications.describe_publication(pg.server.dsn_for(pg.dbname, user=weak), "acc")
+    finally:
+        pg.server.query(f"DROP ROLE {weak}")
+    assert info.warnings() == [
+        "public.pgbench_accounts: could not check whether UPDATE and DELETE work: "
+        "permission denied for table pgbench_accounts"
+    ]

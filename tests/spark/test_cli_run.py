@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.embedded import Database
+from pgcdc.embedded import Database, EmbeddedServer
+from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
 from replication.helpers import PGCDC, confirmed_flush, unique
 
@@ -97,8 +98,8 @@ def test_run_streams_continuously_and_stops_on_ctrl_c(pg: Database, tmp_path: Pa
 def test_run_reports_a_missing_slot_in_one_line(pg: Database, tmp_path: Path) -> None:
     if pg.version < 18:
         pytest.skip("the command is the same on every server; one run is enough")
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    config = write_config(tmp_path / "p.toml", pg, "missing_slot", "missing_pub", tmp_path)
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
+    config = write_config(tmp_path / "p.toml", pg, "missing_slot", "pub", tmp_path)
     config.write_text(config.read_text().replace("create_slot = true", "create_slot = false"))
     result = subprocess.run(
         [PGCDC, "run", str(config)], capture_output=True, text=True, timeout=180
@@ -190,3 +191,114 @@ def test_status_metrics_and_plot_of_a_running_pipeline(pg: Database, tmp_path: P
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("pgcdc: error:")]
+
+
+def test_run_checks_the_source_before_starting_spark(pg: Database, tmp_path: Path) -> None:
+    """A server with wal_level = replica: one line saying how to fix it, before Spark starts
+    (before, Spark started and the view showed for half a minute before the server's error)."""
+    from pgcdc.errors import ServerConfigurationError
+    from pgcdc.pipeline.config import load_config
+    from pgcdc.pipeline import Pipeline
+
+    if pg.version < 18:
+        pytest.skip("the command is the same on every server; one run is enough")
+    with EmbeddedServer(pg.version, settings={"wal_level": "replica"}) as server:
+        db = server.create_database()
+        db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
+        config = write_config(tmp_path / "p.toml", db, "s", "p", tmp_path / "lake")
+        result = subprocess.run(
+            [PGCDC, "run", str(config)], capture_output=True, text=True, timeout=180
+        )
+        assert result.returncode == 1, result.stderr
+        assert error_lines(result.stderr) == [
+            "pgcdc: error: the server has wal_level = replica; logical decoding needs logical: "
+            "run ALTER SYSTEM SET wal_level = logical (as a superuser) and restart the server"
+        ], result.stderr
+        assert "Traceback" not in result.stderr
+        pipeline = Pipeline(load_config(config))
+        with pytest.raises(ServerConfigurationError, match="wal_level = replica"):
+            pipeline.prepare()
+        assert pipeline._spark is None, "Spark was started"
+
+
+def test_a_second_ctrl_c_ends_the_run_at_once(pg: Database, tmp_path: Path) -> None:
+    """The first Ctrl-C lets the work in progress (here the initial copy) finish; the second
+    ends the process at once: exit status 130 and one line, no traceback."""
+    if pg.version < 18:
+        pytest.skip("the command is the same on every server; one run is enough")
+    slot, publication = unique("cli"), unique("pub")
+    pg.execute(
+        f"""CREATE TABLE t (id int PRIMARY KEY, v text);
+            INSERT INTO t SELECT g, repeat('v', 50) FROM generate_series(1, 2000000) g;
+            CREATE PUBLICATION {publication} FOR TABLE t"""
+    )
+    config = write_config(tmp_path / "p.toml", pg, slot, publication, tmp_path / "lake")
+    proc = subprocess.Popen(
+        [PGCDC, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not pg.execute(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}'"):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # the copy goes on
+        time.sleep(1)
+        assert proc.poll() is None, "the copy ended within a second: nothing to interrupt"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "pgcdc: interrupted", err
+    assert "Traceback" not in err and "py4j" not in err, err
+
+
+def test_a_restart_says_where_it_resumed_and_spark_is_quiet(pg: Database, tmp_path: Path) -> None:
+    """One line at the start: the slot and its confirmed position, each table's watermark (or
+    that its copy is pending). Spark's start-up noise is gone unless PGCDC_SPARK_LOG_LEVEL
+    asks for its log."""
+    if pg.version < 18:
+        pytest.skip("the command is the same on every server; one run is enough")
+    slot, publication = unique("cli"), unique("pub")
+    pg.execute(
+        f"""CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a');
+            CREATE PUBLICATION {publication} FOR TABLE t"""
+    )
+    lake = tmp_path / "lake"
+    config = write_config(tmp_path / "p.toml", pg, slot, publication, lake)
+    config.write_text(config.read_text().replace("[trigger]", "[trigger]\navailable_now = true"))
+    noise = ("WARNING: Using incubator modules", "Setting default log level")
+
+    first = subprocess.run([PGCDC, "run", str(config)], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert f"starting: creating slot {slot}; public.t copy pending" in first.stderr
+    assert not [line for line in first.stderr.splitlines() if line.startswith(noise)], first.stderr
+
+    pg.execute("INSERT INTO t VALUES (2, 'b')")
+    again = subprocess.run([PGCDC, "run", str(config)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    mark = DeltaTarget(str(lake / "public.t"), "mirror", app_id="pgcdc:cli").watermark
+    assert mark is not None and mirror_ids(lake) == [1, 2]
+    history = DeltaTarget(str(lake / "public.t__history"), "history", app_id="pgcdc:cli")
+    assert history.watermark == mark
+    confirmed = confirmed_flush(pg, slot)
+
+    pg.execute("INSERT INTO t VALUES (3, 'c')")
+    loud = subprocess.run(
+        [PGCDC, "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PGCDC_SPARK_LOG_LEVEL="warn"),
+    )
+    assert loud.returncode == 0, loud.stderr
+    assert f"resuming slot {slot} at {confirmed} (confirmed); public.t at {Lsn(mark)}" in (
+        loud.stderr
+    )
+    assert "WARNING: Using incubator modules" in loud.stderr, "the JVM's own line is back"

@@ -77,6 +77,27 @@ def test_open_stream_blocks_until_commit_or_toplevel_abort() -> None:
     assert tracker.flush_lsn == 190
 
 
+def test_a_consumer_stops_at_endpos_past_an_open_streamed_transaction() -> None:
+    """--until-idle: the server sent every chunk of streamed transaction 7 and then a keepalive
+    past the end position; nothing more comes until 7 ends, so the consumer may stop, with 7
+    unconfirmed. Inside a transaction or a stream block it may not."""
+    tracker = Acknowledgement(start=Lsn(100))
+    assert tracker.may_stop(Lsn(100), Lsn(100)) and not tracker.may_stop(Lsn(100), None)
+    tracker.on_message(StreamStart(7, True), Lsn(120))
+    assert not tracker.may_stop(Lsn(300), Lsn(200)), "in a stream block"
+    tracker.on_message(Insert(1, ROW, xid=7), Lsn(130))
+    tracker.on_message(StreamStop(), Lsn(140))
+    assert not tracker.may_stop(Lsn(150), Lsn(200)), "the server has not reached endpos"
+    txn(tracker, 190, 195)
+    tracker.confirm(Lsn(195))
+    tracker.on_message(Begin(Lsn(260), 0, 9), Lsn(250))
+    assert not tracker.may_stop(Lsn(300), Lsn(200)), "in a transaction"
+    tracker.on_message(Commit(Lsn(260), Lsn(270), 0), Lsn(270))
+    tracker.on_keepalive(Lsn(300))
+    assert tracker.may_stop(Lsn(300), Lsn(200)) and tracker.open_streams == {7}
+    assert tracker.flush_lsn == 195, "nothing past the durable transactions while 7 is open"
+
+
 def test_toplevel_stream_abort_closes_the_stream() -> None:
     tracker = Acknowledgement(start=Lsn(100))
     tracker.on_message(StreamStart(7, True), Lsn(120))

@@ -31,6 +31,7 @@ from pgcdc.decoding import PluginRunner
 from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
 from pgcdc.extras import require, require_extra
 from pgcdc.monitoring.units import format_bytes
+from pgcdc.output_file import OutputFile
 from pgcdc.protocol import (
     INVALID_LSN,
     Decoder,
@@ -293,28 +294,20 @@ def _client(kwargs: dict[str, Any], **extra: Any) -> ReplicationClient:
     )
 
 
-def _open_output(path: str | Path) -> BinaryIO:
-    """A file given with ``-f``, opened for appending before anything else happens (no slot
-    created for a run that cannot write its output)."""
-    try:
-        return open(path, "ab")
-    except OSError as exc:
-        raise OutputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
 class TransactionOutput:
-    """What `tail` writes. With `hold`, a transaction's output reaches the file only once the
-    transaction is complete (`commit`): one cut off by a lost connection is sent again whole
-    by the next session, and is then written once (`discard` drops the part). Held output
-    stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file is made
-    durable (`sync`, one fsync) before each status update that may move the slot, not after
-    every transaction."""
+    """What `tail` writes. With `hold`, a transaction's output reaches the output only once
+    the transaction is complete (`commit`): one cut off by a lost connection is sent again
+    whole by the next session, and is then written once (`discard` drops the part). Held
+    output stays in memory up to `memory_limit` bytes, the rest in a temporary file. A file
+    (`-f`) is made durable (`sync`: one fsync; see `pgcdc.output_file` for devices and pipes)
+    before each status update that may move the slot, not after every transaction."""
 
     def __init__(
-        self, out: BinaryIO, *, hold: bool, memory_limit: int, spill_dir: str | None
+        self, file: OutputFile | None, *, hold: bool, memory_limit: int, spill_dir: str | None
     ) -> None:
-        self.out = out
-        self.file = out is not sys.stdout.buffer
+        #: The file given with -f; None for standard output.
+        self.file = file
+        self.out: BinaryIO = sys.stdout.buffer if file is None else file.file
         self.held: tempfile.SpooledTemporaryFile[bytes] | None = None
         if hold:
             self.held = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (closed by close())
@@ -336,20 +329,15 @@ class TransactionOutput:
 
     def sync(self) -> None:
         """Make what was committed durable (before the slot is confirmed past it)."""
-        if self.file:
-            with self._reporting():
-                os.fsync(self.out.fileno())
+        if self.file is not None:
+            self.file.sync()
 
-    @contextlib.contextmanager
-    def _reporting(self) -> Iterator[None]:
+    def _reporting(self) -> contextlib.AbstractContextManager[None]:
         """Output that cannot be written (disk full, ...) as one line; a closed pipe as it
         is (the reader went away: a quiet exit)."""
-        try:
-            yield
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputFileError(f"cannot write {self.out.name}: {exc.strerror}") from None
+        if self.file is not None:
+            return self.file.reporting()
+        return _stdout_reporting()
 
     def discard(self) -> None:
         """Drop what is held: the transaction it belongs to did not complete."""
@@ -360,8 +348,18 @@ class TransactionOutput:
     def close(self) -> None:
         if self.held is not None:
             self.held.close()
-        if self.file:
-            self.out.close()
+        if self.file is not None:
+            self.file.close()
+
+
+@contextlib.contextmanager
+def _stdout_reporting() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFileError(f"cannot write standard output: {exc.strerror}") from None
 
 
 class StatusLine:
@@ -482,7 +480,7 @@ def tail(
     options = dict(_plugin_option(o) for o in plugin_options)
     limit = _size(memory_limit)
     out = TransactionOutput(
-        sys.stdout.buffer if output == "-" else _open_output(output),
+        None if output == "-" else OutputFile(output),
         hold=kwargs["streaming"] is None or kwargs["streaming"] == "off",
         memory_limit=limit,
         spill_dir=spill_dir,
@@ -580,11 +578,12 @@ def record(output: Path, no_confirm: bool, **kwargs: Any) -> None:
     """Record a slot's raw replication frames into a capture file."""
     _check_stream_flags(kwargs)
     existed = output.exists()
-    _open_output(output).close()  # writable? (a file that existed is left as it was)
+    capture = OutputFile(output)  # writable? (a file that existed is left as it was)
     try:
-        _maybe_create_slot(kwargs)
-        client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
-        count = record_capture(client, output)
+        with capture:
+            _maybe_create_slot(kwargs)
+            client = _client(kwargs, reconnect=False, acknowledge=not no_confirm)
+            count = record_capture(client, capture)
     except BaseException:
         if not existed and output.exists() and output.stat().st_size == 0:
             output.unlink()  # nothing was recorded: leave no empty capture behind
@@ -814,8 +813,17 @@ _tables_option = click.option(
 )
 
 
+_force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="do it even if the server would then refuse the application's UPDATE or DELETE of a "
+    "table (its replica identity cannot carry the change)",
+)
+
+
 def _print_publication(info: publications.PublicationInfo) -> None:
-    scope = "all tables" if info.all_tables else f"{len(info.tables)} tables"
+    count = len(info.tables)
+    scope = "all tables" if info.all_tables else f"{count} table{'' if count == 1 else 's'}"
     click.echo(
         f"publication {info.name}: {scope}; publishes {', '.join(info.publishes)}"
         f"{'; via partition root' if info.via_partition_root else ''}"
@@ -835,6 +843,7 @@ def _print_publication(info: publications.PublicationInfo) -> None:
 @click.option("--all-tables", is_flag=True, help="FOR ALL TABLES")
 @click.option("--publish", default=None, help="operations, e.g. 'insert,update,delete,truncate'")
 @click.option("--via-partition-root", is_flag=True, help="publish partitions as their root")
+@_force_option
 @_user_errors
 def publication_create(
     name: str,
@@ -843,8 +852,10 @@ def publication_create(
     all_tables: bool,
     publish: str | None,
     via_partition_root: bool,
+    force: bool,
 ) -> None:
-    """Create a publication."""
+    """Create a publication (refused if it would make the application's UPDATE or DELETE of
+    a table fail, unless --force)."""
     if all_tables == bool(tables):
         raise click.UsageError("give either --all-tables or at least one --table")
     info = publications.create_publication(
@@ -853,6 +864,7 @@ def publication_create(
         None if all_tables else [publications.TableSpec.parse(t) for t in tables],
         publish=publish.split(",") if publish else None,
         via_partition_root=via_partition_root,
+        force=force,
     )
     _print_publication(info)
 
@@ -862,13 +874,19 @@ def publication_create(
 @_conninfo_option
 @click.option("--add", multiple=True, metavar="SPEC", help="table to add (repeatable)")
 @click.option("--drop", multiple=True, metavar="TABLE", help="table to drop (repeatable)")
+@_force_option
 @_user_errors
 def publication_alter(
-    name: str, conninfo: str, add: tuple[str, ...], drop: tuple[str, ...]
+    name: str, conninfo: str, add: tuple[str, ...], drop: tuple[str, ...], force: bool
 ) -> None:
-    """Add tables to a publication or drop them from it."""
+    """Drop tables from a publication and add tables to it, in one transaction (--drop T --add
+    'T(cols)' changes T's column list; refused like create, unless --force)."""
     info = publications.alter_publication(
-        conninfo, name, add=[publications.TableSpec.parse(t) for t in add], drop=drop
+        conninfo,
+        name,
+        add=[publications.TableSpec.parse(t) for t in add],
+        drop=drop,
+        force=force,
     )
     _print_publication(info)
 
@@ -878,7 +896,8 @@ def publication_alter(
 @_conninfo_option
 @_user_errors
 def publication_describe(name: str, conninfo: str) -> None:
-    """Show a publication's tables, and warn about risky replica identities."""
+    """Show a publication's tables, and warn about those whose UPDATE or DELETE the server
+    refuses now."""
     _print_publication(publications.describe_publication(conninfo, name))
 
 

@@ -2,12 +2,15 @@
 
 The view shows changes per second, the lag (bytes of WAL behind the server, seconds since the
 last applied commit when changes are pending) and per-target row counts. The first Ctrl-C
-finishes the batch in progress and stops cleanly; a second one stops at once.
+finishes the batch in progress and stops cleanly; a second one ends the process at once
+(exit status 130, one line).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -15,12 +18,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from pgcdc.errors import SlotNotFound
 from pgcdc.pipeline import Pipeline, PipelineStats, TableProgress
 from pgcdc.pipeline.config import load_config
 from pgcdc.protocol import Lsn
-from pgcdc.replication.slots import connect_sql
+from pgcdc.replication.preflight import resume_line
+from pgcdc.replication.slots import connect_sql, get_slot
 
 __all__ = ["run_pipeline"]
+
+EXIT_INTERRUPTED = 130
 
 
 class _Lag:
@@ -109,6 +116,34 @@ def _target_names(pipeline: Pipeline) -> set[str]:
     return {f"{table} {spec.mode}" for table, ts in pipeline.targets.items() for spec, _ in ts}
 
 
+def _exit_at_once(console: Console) -> None:
+    """End the process now, as a kill would (nothing is confirmed that is not durable), with
+    one line: unwinding through a Spark call in progress would print py4j's tracebacks."""
+    console.show_cursor(True)
+    sys.stderr.write("\npgcdc: interrupted\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _resume_text(pipeline: Pipeline) -> str:
+    """Where this run starts (`resume_line`): the slot's confirmed position, and per table
+    the lowest watermark of its targets."""
+    config = pipeline.config
+    try:
+        confirmed = get_slot(config.conninfo, config.slot).confirmed_flush_lsn
+    except SlotNotFound:
+        confirmed = None
+    watermarks: dict[str, Lsn | None] = {}
+    for table, targets in pipeline.targets.items():
+        marks = [target.watermark for _, target in targets]
+        watermarks[table] = None if None in marks else Lsn(min(m for m in marks if m is not None))
+    # A table without a watermark is copied on a new slot, or beside tables that have one
+    # (added since); otherwise the slot holds all of its changes.
+    copies = config.snapshot and (confirmed is None or any(watermarks.values()))
+    unapplied = "copy pending" if copies else "from the slot's position"
+    return resume_line(config.slot, confirmed, watermarks, unapplied=unapplied)
+
+
 def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
     config = load_config(path)
     console = console or Console(stderr=True)
@@ -121,6 +156,7 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
 
     pipeline = Pipeline(config, on_copy=on_copy)
     pipeline.prepare()  # before the SIGINT handler: Spark installs one of its own
+    console.print(_resume_text(pipeline), highlight=False, soft_wrap=True)
     lag = _Lag(config.conninfo)
     rates: list[tuple[float, int]] = []
     interrupts = 0
@@ -129,10 +165,10 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
         nonlocal interrupts
         interrupts += 1
         if interrupts > 1:
-            raise KeyboardInterrupt
+            _exit_at_once(console)
         pipeline.stop()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
 
@@ -149,7 +185,8 @@ def run_pipeline(path: str, *, console: Console | None = None) -> PipelineStats:
         console.print()  # the error line goes below the view, not after its last line
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # From here on (Spark's shutdown included) Ctrl-C ends the process at once.
+        signal.signal(signal.SIGINT, lambda _signum, _frame: _exit_at_once(console))
         lag.close()
     console.print(
         f"[green]Stopped cleanly[/] after {stats.batches} batches, {stats.changes:,} changes."

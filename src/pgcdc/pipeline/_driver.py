@@ -72,6 +72,7 @@ from pgcdc.pipeline.config import PipelineConfig, TableTarget
 from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import StreamOptions
+from pgcdc.replication.preflight import check_source
 from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slot, get_slot
 from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
@@ -762,10 +763,17 @@ class Pipeline:
         stream.before_status = record
 
     def prepare(self) -> None:
-        """Check the source (the connection, the slot, every table and its publication),
-        then start Spark: a wrong configuration is said at once, not after the JVM started.
-        Starting Spark installs its own SIGINT handler: a caller that handles Ctrl-C installs
-        its own after this."""
+        """Check the source (the server's settings and the role: `check_source`; the slot,
+        every table and its publication), then start Spark: a wrong configuration is said at
+        once, not after the JVM started. Starting Spark installs its own SIGINT handler: a
+        caller that handles Ctrl-C installs its own after this."""
+        config = self.config
+        check_source(
+            config.conninfo,
+            config.slot,
+            config.publications,
+            create_slot=config.create_slot or config.recover_lost_slot,
+        )
         self.decision = self._decide()
         self.bind()
         self._check_failover()

@@ -46,6 +46,13 @@ session is BETWEEN transactions with no streamed transaction open and everything
 finished sending is durable, it moves up to the last keepalive's walEnd, so that WAL with
 nothing published in it does not pile up behind the slot.
 
+A consumer that stops at an end position (``--until-idle``, ``--endpos``) stops once the
+server has sent everything before it and no transaction or stream block is in progress
+(`may_stop`). A streamed transaction still open then does not hold it up: all of its chunks
+so far were sent, and nothing more comes until it ends, after that position. It is not
+confirmed (``flush_lsn`` stays at ``durable`` while one is open), so the slot sends it again,
+from its start, once it has committed.
+
 After a reconnect the server sends everything after the slot's position again;
 `already_delivered` tells which of those transactions the consumer had already handled in
 this process (by their commit or prepare LSN against ``resume``), so that it sees each once.
@@ -195,6 +202,18 @@ class Acknowledgement:
         """Between transactions with no streamed transaction open: a keepalive's walEnd is a
         transaction boundary."""
         return self.phase is Phase.BETWEEN and not self.open_streams
+
+    @property
+    def at_boundary(self) -> bool:
+        """No transaction or stream block in progress: the server has sent everything before
+        its position. Streamed transactions may be open: they end after it."""
+        return self.phase is Phase.BETWEEN
+
+    def may_stop(self, position: Lsn, endpos: Lsn | None) -> bool:
+        """Whether a consumer stopping at `endpos` may stop, the server having sent
+        everything up to `position` (a keepalive's walEnd, a message's start, a transaction's
+        end). Open streamed transactions are left open (see the module's docstring)."""
+        return endpos is not None and self.at_boundary and position >= endpos
 
     def on_keepalive(self, wal_end: Lsn) -> None:
         if wal_end > self.received:

@@ -53,9 +53,10 @@ class StreamOptions:
     #: Extra session settings (GUC name -> value) applied before START_REPLICATION.
     settings: dict[str, str] = field(default_factory=dict)
 
-    def negotiate(self, server_version: int) -> StreamOptions:
-        """These options with proto_version filled in, or UnsupportedOption naming the problem."""
-        if not self.publication_names:
+    def negotiate(self, server_version: int, *, require_publication: bool = True) -> StreamOptions:
+        """These options with proto_version filled in, or UnsupportedOption naming the problem.
+        (`require_publication=False`: only whether the server could send such a session.)"""
+        if require_publication and not self.publication_names:
             raise UnsupportedOption("at least one publication name is required")
         major = _major(server_version)
         highest = max_proto_version(server_version)

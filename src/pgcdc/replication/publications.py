@@ -1,13 +1,19 @@
-"""Publications: create, alter, describe, and warn about replica identities that bite.
+"""Publications: create, alter and describe them, without ever making the source refuse writes.
 
-A table without a usable replica identity makes the publisher *reject* UPDATE and DELETE once
-they are published, and a DEFAULT identity sends only the key of the old row: both are better
-learned from `describe` than from a failing application or a history table missing values.
+Publishing UPDATE and DELETE of a table makes the server check, at every UPDATE and DELETE
+the application runs, that the replica identity can carry the change: a table without one (no
+primary key, REPLICA IDENTITY NOTHING), a row filter on a column outside it, or a column list
+that leaves one of its columns out, and the application's statement fails (``cannot update
+table ...``). `create_publication` and `alter_publication` therefore ask the server itself
+before committing: inside the transaction that makes the change, ``EXPLAIN UPDATE`` and
+``EXPLAIN DELETE`` of every published table run the very check the executor runs (nothing
+executes, no trigger fires), and a table whose writes the change would break makes the
+command refuse with one line saying why and what to do, unless forced. `describe_publication`
+reports the tables whose writes the server refuses now.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +28,7 @@ __all__ = [
     "PublicationInfo",
     "PublishedTable",
     "TableSpec",
+    "WriteRefusal",
     "alter_publication",
     "create_publication",
     "describe_publication",
@@ -63,10 +70,31 @@ class TableSpec:
         return sql.Composed(parts)
 
 
+#: pg_class.relreplident, as ALTER TABLE ... REPLICA IDENTITY spells it.
+IDENTITY_NAMES = {"d": "default", "i": "index", "f": "full", "n": "nothing"}
+
+#: The SQLSTATEs of the server's refusal of an UPDATE or DELETE on a published table
+#: (invalid_column_reference: a row filter or column list; object_not_in_prerequisite_state:
+#: no replica identity).
+_NO_IDENTITY = "55000"
+_REFUSED = ("42P10", _NO_IDENTITY)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRefusal:
+    """The server refuses `operation` (UPDATE or DELETE) on a table, for `reason` (its own
+    words); or, when `refused` is False, it could not be asked (no privilege, a lock)."""
+
+    operation: str
+    reason: str
+    refused: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedTable:
     schema: str
     name: str
+    #: ``default``, ``index``, ``full`` or ``nothing`` (ALTER TABLE ... REPLICA IDENTITY).
     replica_identity: str
     has_primary_key: bool
     #: The publication's column list, None when it publishes every column.
@@ -74,88 +102,62 @@ class PublishedTable:
     row_filter: str | None = None
     #: Columns of the replica identity (all columns under FULL, none under NOTHING).
     identity_columns: tuple[str, ...] = ()
+    #: What the server says about UPDATE and DELETE on the table now (`describe_publication`).
+    refusals: tuple[WriteRefusal, ...] = ()
 
-    def problems(self, publishes: tuple[str, ...]) -> list[str]:
-        """Why UPDATE/DELETE on this table would fail or lose old values while published."""
-        if not {"update", "delete"} & set(publishes):
-            return []
-        ops = " and ".join(op.upper() for op in ("update", "delete") if op in publishes)
-        if self.replica_identity == "n" or not self.identity_columns:
-            why = "REPLICA IDENTITY NOTHING" if self.replica_identity == "n" else "no primary key"
-            return [
-                f"{why}, so {ops} on it will fail while it is published; "
-                "add a primary key or ALTER TABLE ... REPLICA IDENTITY FULL"
-            ]
-        identity = set(self.identity_columns)
-        out = []
-        if self.columns is not None and not identity <= set(self.columns):
-            missing = ", ".join(sorted(identity - set(self.columns)))
-            out.append(
-                f"the column list leaves out replica identity column(s) {missing}, "
-                f"so {ops} on it will fail"
-            )
-        if self.row_filter and self.replica_identity != "f":
-            outside = [c for c in _referenced_columns(self.row_filter) if c not in identity]
-            if outside:
-                out.append(
-                    f"the row filter uses {', '.join(outside)}, outside the replica identity, "
-                    f"so {ops} on it will fail; use REPLICA IDENTITY FULL"
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def identity_text(self) -> str:
+        """The replica identity in words: ``default (primary key id)``, ``full``, ..."""
+        columns = ", ".join(self.identity_columns)
+        if self.replica_identity == "default":
+            return f"default (primary key {columns})" if columns else "default (no primary key)"
+        if self.replica_identity == "index":
+            return f"index ({columns})"
+        return self.replica_identity
+
+    def refusal_text(self, refusals: Sequence[WriteRefusal], *, would: bool = False) -> str:
+        """One clause: which operations fail (`would`: would fail after a change), the
+        server's reason, and what to do."""
+        refused = [r for r in refusals if r.refused]
+        if not refused:
+            ops = " and ".join(r.operation for r in refusals)
+            return f"could not check whether {ops} work: {refusals[0].reason}"
+        ops = " and ".join(r.operation for r in refused)
+        reason = refused[0].reason.rstrip(".")
+        return (
+            f"{ops} on it {'would fail' if would else 'fail'} in the application "
+            f"({reason[:1].lower()}{reason[1:]}; replica identity {self.identity_text()}): "
+            f"{self._advice(reason)}"
+        )
+
+    def _advice(self, reason: str) -> str:
+        table = self.qualified
+        full = f"ALTER TABLE {table} REPLICA IDENTITY FULL (which logs whole old rows)"
+        if "WHERE expression" in reason:
+            if self.identity_columns:
+                return f"filter on {', '.join(self.identity_columns)} only, or {full}"
+            return f"add a primary key, or {full}"
+        if "Column list" in reason:
+            if self.replica_identity == "full":
+                return (
+                    "publish every column (under REPLICA IDENTITY FULL every column is the "
+                    "identity), or give it a primary key and REPLICA IDENTITY DEFAULT"
                 )
-        if not out and self.replica_identity in "di":
-            kind = "DEFAULT" if self.replica_identity == "d" else "USING INDEX"
-            out.append(
-                f"REPLICA IDENTITY {kind} sends only the key of old rows; "
-                "use REPLICA IDENTITY FULL to keep old values"
-            )
-        return out
-
-
-def _referenced_columns(expression: str) -> list[str]:
-    """Column names in a deparsed row filter (pg_get_expr output): identifiers not followed by
-    '(' (functions) and not keywords or quoted constants."""
-    without_strings = re.sub(r"'(?:[^']|'')*'", "", expression)
-    names = re.findall(r'"((?:[^"]|"")+)"|\b([a-z_][a-z0-9_$]*)\b(?!\s*\()', without_strings)
-    keywords = {
-        "and",
-        "or",
-        "not",
-        "is",
-        "null",
-        "true",
-        "false",
-        "in",
-        "like",
-        "ilike",
-        "between",
-        "any",
-        "all",
-        "some",
-        "text",
-        "integer",
-        "bigint",
-        "numeric",
-        "boolean",
-        "date",
-        "timestamp",
-        "with",
-        "time",
-        "zone",
-        "without",
-        "varying",
-        "character",
-        "distinct",
-        "from",
-        "similar",
-        "to",
-        "escape",
-        "collate",
-    }
-    found = []
-    for quoted, bare in names:
-        name = quoted.replace('""', '"') if quoted else bare
-        if (quoted or name not in keywords) and name not in found:
-            found.append(name)
-    return found
+            missing = [c for c in self.identity_columns if c not in (self.columns or ())]
+            return f"add {', '.join(missing) or 'the replica identity columns'} to the column list"
+        if "generated" in reason:
+            return "publish the generated columns of the replica identity, or choose another"
+        if self.replica_identity == "nothing":
+            return f"ALTER TABLE {table} REPLICA IDENTITY DEFAULT (with a primary key), or FULL"
+        if "replica identity" in reason:
+            return f"add a primary key, or {full}"
+        return (
+            f"give {table} a replica identity the publication covers "
+            "(ALTER TABLE ... REPLICA IDENTITY)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,12 +169,8 @@ class PublicationInfo:
     tables: list[PublishedTable] = field(default_factory=list)
 
     def warnings(self) -> list[str]:
-        """Tables whose replica identity makes updates/deletes fail or lose old values."""
-        return [
-            f"{t.schema}.{t.name}: {problem}"
-            for t in self.tables
-            for problem in t.problems(self.publishes)
-        ]
+        """Tables whose UPDATE or DELETE the server refuses now (or that could not be checked)."""
+        return [f"{t.qualified}: {t.refusal_text(t.refusals)}" for t in self.tables if t.refusals]
 
 
 def create_publication(
@@ -182,23 +180,26 @@ def create_publication(
     *,
     publish: Sequence[str] | None = None,
     via_partition_root: bool = False,
+    force: bool = False,
 ) -> PublicationInfo:
-    """CREATE PUBLICATION for `tables`, or FOR ALL TABLES when `tables` is None."""
+    """CREATE PUBLICATION for `tables`, or FOR ALL TABLES when `tables` is None. Refused
+    (`PublicationError`, nothing created) when it would make the server refuse the
+    application's UPDATE or DELETE on a table, unless `force`."""
+    query = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
+    if tables is None:
+        query += sql.SQL(" FOR ALL TABLES")
+    elif tables:
+        query += sql.SQL(" FOR TABLE ") + sql.SQL(", ").join(t.sql() for t in tables)
+    options: list[sql.Composable] = []
+    if publish is not None:
+        options.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
+    if via_partition_root:
+        options.append(sql.SQL("publish_via_partition_root = true"))
+    if options:
+        query += sql.SQL(" WITH (") + sql.SQL(", ").join(options) + sql.SQL(")")
     with connect_sql(conninfo) as conn:
         _check_specs(tables or (), conn.info.server_version)
-        query = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
-        if tables is None:
-            query += sql.SQL(" FOR ALL TABLES")
-        elif tables:
-            query += sql.SQL(" FOR TABLE ") + sql.SQL(", ").join(t.sql() for t in tables)
-        options: list[sql.Composable] = []
-        if publish is not None:
-            options.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
-        if via_partition_root:
-            options.append(sql.SQL("publish_via_partition_root = true"))
-        if options:
-            query += sql.SQL(" WITH (") + sql.SQL(", ").join(options) + sql.SQL(")")
-        _execute(conn, query, f"creating publication {name!r}")
+        _change(conn, name, [query], "created", force=force)
     return describe_publication(conninfo, name)
 
 
@@ -209,33 +210,65 @@ def alter_publication(
     add: Sequence[TableSpec] = (),
     drop: Sequence[str] = (),
     set_tables: Sequence[TableSpec] | None = None,
+    force: bool = False,
 ) -> PublicationInfo:
+    """SET, DROP and ADD tables in one transaction, in that order (so dropping a table and
+    adding it again with a column list or row filter is one command). Refused like
+    `create_publication`."""
+    ident = sql.Identifier(name)
+    statements: list[sql.Composed] = []
+    if set_tables is not None:
+        statements.append(
+            sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(ident)
+            + sql.SQL(", ").join(t.sql() for t in set_tables)
+        )
+    if drop:
+        statements.append(
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(ident)
+            + sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in drop)
+        )
+    if add:
+        statements.append(
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE ").format(ident)
+            + sql.SQL(", ").join(t.sql() for t in add)
+        )
     with connect_sql(conninfo) as conn:
         _check_specs([*add, *(set_tables or ())], conn.info.server_version)
-        ident = sql.Identifier(name)
-        doing = f"altering publication {name!r}"
-        if set_tables is not None:
-            _execute(
-                conn,
-                sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(ident)
-                + sql.SQL(", ").join(t.sql() for t in set_tables),
-                doing,
-            )
-        if add:
-            _execute(
-                conn,
-                sql.SQL("ALTER PUBLICATION {} ADD TABLE ").format(ident)
-                + sql.SQL(", ").join(t.sql() for t in add),
-                doing,
-            )
-        if drop:
-            _execute(
-                conn,
-                sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(ident)
-                + sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in drop),
-                doing,
-            )
+        _change(conn, name, statements, "altered", force=force)
     return describe_publication(conninfo, name)
+
+
+def _change(
+    conn: psycopg.Connection,
+    name: str,
+    statements: Sequence[sql.Composed],
+    done: str,
+    *,
+    force: bool,
+) -> None:
+    """Run `statements` in one transaction, committed only if they break no table's writes:
+    they are tried first, the server asked about every published table's UPDATE and DELETE,
+    and rolled back; a table whose writes worked before and fail after refuses the change
+    (unless `force`); one that failed already (because of another publication) does not."""
+    doing = f"{'creating' if done == 'created' else 'altering'} publication {name!r}"
+    with conn.transaction():
+        with conn.transaction(force_rollback=True):
+            for statement in statements:
+                _execute(conn, statement, doing)
+            after = _describe(conn, name)
+        before = _write_refusals(conn, [(t.schema, t.name) for t in after.tables if t.refusals])
+        broken = []
+        for table in after.tables:
+            earlier = {r.operation for r in before.get((table.schema, table.name), ()) if r.refused}
+            new = [r for r in table.refusals if r.refused and r.operation not in earlier]
+            if new:
+                broken.append(f"{table.qualified}: {table.refusal_text(new, would=True)}")
+        if broken and not force:
+            raise PublicationError(
+                f"publication {name!r} not {done}: {'; '.join(broken)} (--force does it anyway)"
+            )
+        for statement in statements:
+            _execute(conn, statement, doing)
 
 
 def _execute(conn: psycopg.Connection, query: sql.Composed, doing: str) -> None:
@@ -255,48 +288,97 @@ def _check_specs(specs: Sequence[TableSpec], server_version: int) -> None:
 
 
 def describe_publication(conninfo: str, name: str) -> PublicationInfo:
-    with connect_sql(conninfo) as conn:
-        version = conn.info.server_version
-        row = conn.execute(
-            """SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
-               FROM pg_publication WHERE pubname = %s""",
-            (name,),
-        ).fetchone()
-        if row is None:
-            raise PublicationNotFound(f'publication "{name}" does not exist')
-        all_tables, ins, upd, dele, trunc, via_root = row
-        publishes = tuple(
-            op
-            for op, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc))
-            if on
-        )
-        rows = conn.execute(
-            f"""SELECT n.nspname, c.relname, c.relreplident,
-                       EXISTS (SELECT 1 FROM pg_index i
-                               WHERE i.indrelid = c.oid AND i.indisprimary),
-                       {_COLUMN_LIST if version >= 150000 else "NULL"},
-                       {_ROW_FILTER if version >= 150000 else "NULL"},
-                       {_IDENTITY_COLUMNS}
-                FROM pg_publication_tables pt
-                JOIN pg_namespace n ON n.nspname = pt.schemaname
-                JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-                JOIN pg_publication p ON p.pubname = pt.pubname
-                WHERE pt.pubname = %s ORDER BY 1, 2""",
-            (name,),
-        ).fetchall()
+    """The publication, its tables, and what the server says about UPDATE and DELETE on each
+    now (`PublishedTable.refusals`, `PublicationInfo.warnings`)."""
+    with connect_sql(conninfo) as conn, conn.transaction(force_rollback=True):
+        return _describe(conn, name)
+
+
+def _describe(conn: psycopg.Connection, name: str) -> PublicationInfo:
+    version = conn.info.server_version
+    row = conn.execute(
+        """SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
+           FROM pg_publication WHERE pubname = %s""",
+        (name,),
+    ).fetchone()
+    if row is None:
+        raise PublicationNotFound(f'publication "{name}" does not exist')
+    all_tables, ins, upd, dele, trunc, via_root = row
+    publishes = tuple(
+        op
+        for op, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc))
+        if on
+    )
+    rows = conn.execute(
+        f"""SELECT n.nspname, c.relname, c.relreplident,
+                   EXISTS (SELECT 1 FROM pg_index i
+                           WHERE i.indrelid = c.oid AND i.indisprimary),
+                   {_COLUMN_LIST if version >= 150000 else "NULL"},
+                   {_ROW_FILTER if version >= 150000 else "NULL"},
+                   {_IDENTITY_COLUMNS}
+            FROM pg_publication_tables pt
+            JOIN pg_namespace n ON n.nspname = pt.schemaname
+            JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+            JOIN pg_publication p ON p.pubname = pt.pubname
+            WHERE pt.pubname = %s ORDER BY 1, 2""",
+        (name,),
+    ).fetchall()
+    refusals = _write_refusals(conn, [(schema, table) for schema, table, *_ in rows])
     tables = [
         PublishedTable(
             schema,
             table,
-            identity,
+            IDENTITY_NAMES[identity],
             has_pk,
             None if cols is None else tuple(cols),
             row_filter,
             tuple(identity_cols or ()),
+            refusals.get((schema, table), ()),
         )
         for schema, table, identity, has_pk, cols, row_filter, identity_cols in rows
     ]
     return PublicationInfo(name, all_tables, publishes, via_root, tables)
+
+
+def _write_refusals(
+    conn: psycopg.Connection, tables: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[WriteRefusal, ...]]:
+    """Per table whose UPDATE or DELETE the server refuses (or could not be asked about): why.
+
+    ``EXPLAIN UPDATE`` / ``EXPLAIN DELETE`` start the executor, which checks the replica
+    identity against every publication of the table exactly as for the application's own
+    statements; nothing is executed and no trigger fires. Each runs in a savepoint rolled back
+    at once, so no lock outlives it, and waits for a lock at most 10 s (then the table is
+    reported as not checked). Call inside a transaction."""
+    found: dict[tuple[str, str], tuple[WriteRefusal, ...]] = {}
+    for schema, table in tables:
+        target = sql.Identifier(schema, table)
+        column = conn.execute(
+            """SELECT attname FROM pg_attribute
+               WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped
+               ORDER BY attnum LIMIT 1""",
+            (target.as_string(conn),),
+        ).fetchone()
+        probes = [("DELETE", sql.SQL("EXPLAIN DELETE FROM {}").format(target))]
+        if column is not None:  # a table without columns: DELETE checks the same
+            update = sql.SQL("EXPLAIN UPDATE {} SET {} = DEFAULT")
+            probes.insert(0, ("UPDATE", update.format(target, sql.Identifier(column[0]))))
+        refused: list[WriteRefusal] = []
+        for operation, probe in probes:
+            try:
+                with conn.transaction(force_rollback=True):
+                    conn.execute("SET LOCAL lock_timeout = '10s'")  # a table locked: say so
+                    conn.execute(probe)
+            except psycopg.Error as exc:
+                diag = exc.diag
+                if exc.sqlstate == _NO_IDENTITY:  # the primary message names the operation
+                    reason = "the table has no replica identity"
+                else:
+                    reason = diag.message_detail or diag.message_primary or str(exc)
+                refused.append(WriteRefusal(operation, reason, exc.sqlstate in _REFUSED))
+        if refused:
+            found[(schema, table)] = tuple(refused)
+    return found
 
 
 # An explicit column list (pg_publication_rel.prattrs is NULL without one).

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from pgcdc import __version__
 from pgcdc.capture import CaptureHeader, CaptureWriter
+from pgcdc.output_file import OutputFile
 from pgcdc.protocol import Lsn
 from pgcdc.replication.acknowledgement import end_lsn_of
 from pgcdc.replication.client import ReplicationClient
@@ -38,28 +38,33 @@ def _header(stream: LogicalStream, note: str) -> CaptureHeader:
     )
 
 
-def record(client: ReplicationClient, path: Path, note: str = "") -> int:
-    """Write every frame `client` receives to `path`; returns the number of messages.
+def record(client: ReplicationClient, path: Path | OutputFile, note: str = "") -> int:
+    """Write every frame `client` receives to `path` (a file opened already: closed when
+    done); returns the number of messages.
 
     The capture is the durable sink: a transaction is confirmed to the server only after the
-    file holding it was fsynced. One session only (the client must not reconnect: a new
-    session re-sends Relation messages and would make the capture describe two sessions).
+    file holding it was made durable (`OutputFile.sync`: fsynced; a device or a pipe, which
+    cannot be, is said once and confirmed as written). One session only (the client must not
+    reconnect: a new session re-sends Relation messages and would make the capture describe
+    two sessions).
     """
     if client.reconnect:
         raise ValueError("record() needs a client with reconnect=False")
     # Appending, and emptied only once the session started: a run that fails to start
     # leaves an existing file as it was.
-    with open(path, "ab") as file:
+    with path if isinstance(path, OutputFile) else OutputFile(path) as output:
         writer: CaptureWriter | None = None
 
         def on_frame(frame: bytes) -> None:
             assert writer is not None
-            writer.write(frame, now_pg_timestamp())
+            with output.reporting():
+                writer.write(frame, now_pg_timestamp())
 
         def on_session(stream: LogicalStream) -> None:
             nonlocal writer
-            file.truncate(0)
-            writer = CaptureWriter(file, _header(stream, note))
+            output.empty()
+            with output.reporting():
+                writer = CaptureWriter(output.file, _header(stream, note))
 
         client.on_frame, client.on_session = on_frame, on_session
         count = 0
@@ -74,15 +79,16 @@ def record(client: ReplicationClient, path: Path, note: str = "") -> int:
                         continue
                     pending = end
                     if time.monotonic() - last_sync > SYNC_INTERVAL:
-                        file.flush()
-                        os.fsync(file.fileno())
+                        output.sync()
                         last_sync = time.monotonic()
                         client.confirm(pending)
             finally:
                 # Durable first, then confirmed: leaving `with client` reports the position.
-                if writer is not None:
-                    writer.close()
-                    os.fsync(file.fileno())
+                # After a failed write nothing more is: the slot stays at the last sync.
+                if writer is not None and not output.failed:
+                    with output.reporting():
+                        writer.close()
+                    output.sync()
                     if pending is not None and client.stream is not None:
                         client.confirm(pending)
     return count

@@ -8,6 +8,7 @@ inside a tuple.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -40,6 +41,8 @@ from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.quoting import literal
 
 __all__ = ["LogicalStream", "now_pg_timestamp"]
+
+log = logging.getLogger("pgcdc.replication")
 
 _UNIX_TO_PG_MICROS = datetime_to_pg_timestamp(PG_EPOCH.replace(year=1970))
 
@@ -189,11 +192,25 @@ class LogicalStream:
         self.conn.send_copy_data(encode_frame(update))
         self._last_status = time.monotonic()
 
-    def _past_endpos(self, lsn: Lsn) -> bool:
-        return self.endpos is not None and lsn >= self.endpos
+    def _stop(self) -> None:
+        """Stopping at endpos: say which streamed transactions are left open (not confirmed;
+        the slot sends each again once it commits)."""
+        if self.acks.open_streams:
+            xids = ", ".join(map(str, sorted(self.acks.open_streams)))
+            plural = "s" if len(self.acks.open_streams) > 1 else ""
+            log.warning(
+                "stopped at %s with streamed transaction%s %s still open (not committed): "
+                "not confirmed; the slot sends %s again, whole, once %s",
+                self.endpos,
+                plural,
+                xids,
+                "them" if plural else "it",
+                "they commit" if plural else "it commits",
+            )
 
     def __iter__(self) -> Iterator[tuple[XLogData, PgoutputMessage]]:
-        """Decoded messages with their XLogData frames, until stopped or past endpos.
+        """Decoded messages with their XLogData frames, until stopped or past endpos
+        (`Acknowledgement.may_stop`).
 
         A transaction counts as handled by the consumer (`Acknowledgement.handled_upto`) once
         the consumer asks for the message after its end."""
@@ -201,7 +218,8 @@ class LogicalStream:
         decoder = self.decoder
         read = self.conn.read_copy_data
         on_frame = self.on_frame
-        if self.endpos is not None and acks.idle and self._past_endpos(self.start_lsn):
+        endpos = self.endpos
+        if acks.may_stop(self.start_lsn, endpos):
             return
         pinged = False
         while not self._stopped and not self.stop_requested:
@@ -214,7 +232,7 @@ class LogicalStream:
             # Wake often enough to see endpos, stop requests, due updates and the timer.
             data = read(min(wait, 0.2))
             if data is None:
-                if (self.endpos is not None or self.ping_when_idle) and not pinged:
+                if (endpos is not None or self.ping_when_idle) and not pinged:
                     # Ask for a keepalive: it tells where the walsender is once it is idle.
                     self.send_status(reply_requested=True)
                     pinged = True
@@ -227,24 +245,23 @@ class LogicalStream:
                 message = decoder.decode(frame.payload, frame.data_start)
                 if message is None:
                     continue
-                if (
-                    self.endpos is not None
-                    and acks.idle
-                    and frame.data_start
-                    and frame.data_start > self.endpos
-                ):
+                if frame.data_start and acks.may_stop(Lsn(frame.data_start - 1), endpos):
+                    # A message that starts past endpos: everything before it was sent.
+                    self._stop()
                     return
                 end = acks.on_message(message, frame.data_start)
                 yield frame, message
                 if end is not None:
                     acks.handled_upto(end)
-                    if self.endpos is not None and acks.idle and self._past_endpos(end):
+                    if acks.may_stop(end, endpos):
+                        self._stop()
                         return
             elif type(frame) is PrimaryKeepalive:
                 acks.on_keepalive(frame.wal_end)
                 if frame.reply_requested:
                     self.send_status()
-                if acks.idle and self._past_endpos(frame.wal_end):
+                if acks.may_stop(frame.wal_end, endpos):
+                    self._stop()
                     return
 
     def stop(self) -> None:

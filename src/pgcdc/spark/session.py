@@ -4,12 +4,15 @@ UTC session time zone, and the ``pgoutput`` source registered."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from pgcdc.errors import SourceError
@@ -41,9 +44,9 @@ appender.console.name = stderr
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
-# PySpark's JVM counts as a shell; with its level set, it does not announce the default one
+# PySpark's JVM counts as a shell: with its level the root's, it does not announce a default
 logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
-logger.gateway.level = error
+logger.gateway.level = {level}
 """
 
 
@@ -56,9 +59,52 @@ def _log_config() -> str:
     return path
 
 
+#: What the JVM prints at every start that tells a pgcdc user nothing (Spark 4 adds the
+#: module to the JVM's options itself, and no JVM option silences the warning).
+_JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+
+def _forward_stderr(source: int, target: int) -> None:
+    """Copy the lines of `source` to `target`, but those of `_JVM_NOISE`, until EOF."""
+    pending = b""
+    try:
+        while data := os.read(source, 65536):
+            *lines, pending = (pending + data).split(b"\n")
+            kept = [line + b"\n" for line in lines if not line.startswith(_JVM_NOISE)]
+            if kept:
+                os.write(target, b"".join(kept))
+        if pending and not pending.startswith(_JVM_NOISE):
+            os.write(target, pending)
+    except OSError:
+        pass  # the real stderr is gone: nothing can be shown
+    finally:
+        os.close(source)
+
+
+@contextlib.contextmanager
+def _quiet_jvm_start() -> Iterator[None]:
+    """While the JVM starts, this process's stderr (fd 2) is a pipe: the JVM, and every
+    process it starts, keeps writing there for its life, and a thread forwards what it writes
+    to the real stderr, but `_JVM_NOISE`. This process's own stderr is restored at once."""
+    read_end, write_end = os.pipe()
+    real = os.dup(2)
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    threading.Thread(
+        target=_forward_stderr, args=(read_end, real), name="pgcdc-jvm-stderr", daemon=True
+    ).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # the forwarder keeps writing to `real`
+
+
 def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any:
     """A ``local[cores]`` SparkSession (created or the running one), with pgoutput. Spark's
-    log is quiet (``PGCDC_SPARK_LOG_LEVEL`` changes that) and shows no progress bars."""
+    log is quiet (``PGCDC_SPARK_LOG_LEVEL`` changes that: e.g. ``warn``) and shows no
+    progress bars."""
     ensure_java()
     # Executors' and data sources' Python workers must import pgcdc: this interpreter has it.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -77,8 +123,10 @@ def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    if "PGCDC_SPARK_LOG_LEVEL" not in os.environ:
+    quiet = "PGCDC_SPARK_LOG_LEVEL" not in os.environ
+    with _quiet_jvm_start() if quiet else contextlib.nullcontext():
+        spark = builder.getOrCreate()
+    if quiet:
         # py4j logs the traceback of an exception raised in a foreachBatch function; the
         # pipeline reports it in one line (`error_line`).
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)

@@ -149,7 +149,7 @@ class Spooler:
         """How far the server has sent (a keepalive's walEnd when idle): every transaction
         that committed before it and is published is in the spool."""
         client = self.runner.client
-        if client is None or client.stream is None or not client.acks.idle:
+        if client is None or client.stream is None or not client.acks.at_boundary:
             return Lsn(0)
         return max(client.acks.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
 

@@ -17,6 +17,7 @@ from pgcdc.protocol import Column, Lsn, Relation
 from pgcdc.targets._arrow import ACTION, fit, same, same_type, seq, widens, with_column
 from pgcdc.targets.added_columns import AddedColumn, ColumnFill, FillSource, fill_array, fill_texts
 from pgcdc.targets.base import END_AT, SEQUENCE_TYPE, START_AT, Mode
+from pgcdc.targets.bulk import BulkHistory, BulkMirror
 from pgcdc.targets.fold import (
     Change,
     HistoryPlan,
@@ -33,7 +34,7 @@ from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import MappingOptions, arrow_type
 from pgcdc.types.registry import TypeRegistry
 
-__all__ = ["BatchTyping", "Plan"]
+__all__ = ["BatchTyping", "Plan", "bulk_history_rows", "bulk_mirror_rows"]
 
 Plan = MirrorPlan | HistoryPlan | MultisetPlan
 
@@ -167,20 +168,15 @@ class BatchTyping:
         for shape, positions in groups.items():
             group = [images[i] for i in positions]
             typer = self.columns(shape)
-            strings = [
-                pa.array(
+            texts = {
+                name: pa.array(
                     [None if name in im.missing else im.values.get(name) for im in group],
                     pa.string(),
                 )
                 for name in typer.names
-            ]
-            try:
-                batch = typer.batch(strings, len(group))
-            except ValueOutOfRange as exc:
-                if exc.row is None:
-                    raise
-                raise exc.located(lsn=Lsn(group[exc.row].lsn or 0)) from None
-            part = fit(pa.Table.from_batches([batch]), schema)
+            }
+            lsns = pa.array([im.lsn for im in group], pa.int64())
+            part = fit(_typed(typer, texts, len(group), lsns), schema)
             parts.append(self.fill_older(part, shape, group))
             order.extend(positions)
         data = pa.concat_tables(parts)
@@ -246,3 +242,52 @@ class BatchTyping:
                 values = pc.if_else(pa.array(stale), values.cast(current.type), current)
             part = with_column(part, column, values)
         return part
+
+
+# --- batches folded in Arrow (`pgcdc.targets.bulk`) ------------------------------------
+
+
+def _typed(columns: TextColumns, texts: dict[str, pa.Array], rows: int, lsns: pa.Array) -> pa.Table:
+    """Rows given as text, typed; a value out of range names its change's LSN."""
+    try:
+        batch = columns.batch([texts[n] for n in columns.names], rows)
+    except ValueOutOfRange as exc:
+        if exc.row is None:
+            raise
+        raise exc.located(lsn=Lsn(lsns[exc.row].as_py() or 0)) from None
+    return pa.Table.from_batches([batch])
+
+
+def _typed_keys(columns: TextColumns, texts: dict[str, pa.Array]) -> pa.Table:
+    return pa.table(
+        {n: columns.column(i, texts[n])[0] for i, n in enumerate(columns.names) if n in texts}
+    )
+
+
+def bulk_mirror_rows(columns: TextColumns, bulk: BulkMirror, schema: pa.Schema) -> pa.Table:
+    """The upserts, then the keys to delete, with their action."""
+    assert bulk.upsert_lsns is not None
+    upserts = _typed(columns, bulk.upserts, bulk.upsert_rows, bulk.upsert_lsns)
+    deletes = _typed_keys(columns, bulk.deletes)
+    return pa.concat_tables(
+        [
+            fit(upserts, schema).append_column(ACTION, pa.repeat("upsert", bulk.upsert_rows)),
+            fit(deletes, schema).append_column(ACTION, pa.repeat("delete", bulk.delete_rows)),
+        ]
+    )
+
+
+def bulk_history_rows(columns: TextColumns, bulk: BulkHistory, schema: pa.Schema) -> pa.Table:
+    """The keys whose target version ends, then the versions, as `type_plan` lays out a
+    `HistoryPlan`'s."""
+    data = pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
+    versions = _typed(columns, bulk.versions, bulk.version_rows, bulk.version_lsns)
+    closes = _typed_keys(columns, bulk.closes)
+    parts = []
+    for part, starts, ends, action in (
+        (closes, pa.nulls(len(bulk.close_ends), SEQUENCE_TYPE), bulk.close_ends, "close"),
+        (versions, bulk.starts, bulk.ends, "insert"),
+    ):
+        typed = fit(part, data).append_column(START_AT, starts).append_column(END_AT, ends)
+        parts.append(typed.append_column(ACTION, pa.repeat(action, len(starts))))
+    return pa.concat_tables(parts)

@@ -66,9 +66,9 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
-from pgcdc.errors import TargetError, ValueOutOfRange
-from pgcdc.protocol import Lsn, Relation
-from pgcdc.targets._arrow import ACTION, conform, fit, same_schema
+from pgcdc.errors import TargetError
+from pgcdc.protocol import Relation
+from pgcdc.targets._arrow import ACTION, conform, same_schema
 from pgcdc.targets._meta import (
     CHUNK_KEY,
     COLUMNS,
@@ -85,7 +85,7 @@ from pgcdc.targets._meta import (
 from pgcdc.targets._mor import logical_row_count
 from pgcdc.targets._resync import Reconciler
 from pgcdc.targets._table import TableIO
-from pgcdc.targets._typing import BatchTyping
+from pgcdc.targets._typing import BatchTyping, bulk_history_rows, bulk_mirror_rows
 from pgcdc.targets.added_columns import FillSource
 from pgcdc.targets.base import (
     END_AT,
@@ -111,7 +111,6 @@ from pgcdc.targets.fold import (
 from pgcdc.targets.naming import Naming
 from pgcdc.targets.schema import Evolution, plan_evolution
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
-from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
@@ -353,9 +352,9 @@ class DeltaTarget(Target):
         commit = batch_commit(self.app_id, high, shape)
         columns = typing.columns(shape)
         if isinstance(bulk, BulkMirror):
-            data = self._bulk_mirror_rows(columns, bulk, schema)
+            data = bulk_mirror_rows(columns, bulk, schema)
         else:
-            data = self._bulk_history_rows(columns, bulk, schema)
+            data = bulk_history_rows(columns, bulk, schema)
         writing = time.perf_counter()
         if table is None:
             table = self.io.create(schema, source)
@@ -378,56 +377,6 @@ class DeltaTarget(Target):
         if not written:
             self.io.mark(table, commit)
         return counts[0], counts[1], table.version(), writing
-
-    @staticmethod
-    def _typed(
-        columns: TextColumns, texts: dict[str, pa.Array], rows: int, lsns: pa.Array
-    ) -> pa.Table:
-        """Rows given as text, typed; a value out of range names its change's LSN."""
-        try:
-            batch = columns.batch([texts[n] for n in columns.names], rows)
-        except ValueOutOfRange as exc:
-            if exc.row is None:
-                raise
-            raise exc.located(lsn=Lsn(lsns[exc.row].as_py() or 0)) from None
-        return pa.Table.from_batches([batch])
-
-    @staticmethod
-    def _typed_keys(columns: TextColumns, texts: dict[str, pa.Array]) -> pa.Table:
-        return pa.table(
-            {n: columns.column(i, texts[n])[0] for i, n in enumerate(columns.names) if n in texts}
-        )
-
-    def _bulk_mirror_rows(
-        self, columns: TextColumns, bulk: BulkMirror, schema: pa.Schema
-    ) -> pa.Table:
-        """The upserts, then the keys to delete, with their action."""
-        assert bulk.upsert_lsns is not None
-        upserts = self._typed(columns, bulk.upserts, bulk.upsert_rows, bulk.upsert_lsns)
-        deletes = self._typed_keys(columns, bulk.deletes)
-        return pa.concat_tables(
-            [
-                fit(upserts, schema).append_column(ACTION, pa.repeat("upsert", bulk.upsert_rows)),
-                fit(deletes, schema).append_column(ACTION, pa.repeat("delete", bulk.delete_rows)),
-            ]
-        )
-
-    def _bulk_history_rows(
-        self, columns: TextColumns, bulk: BulkHistory, schema: pa.Schema
-    ) -> pa.Table:
-        """The keys whose target version ends, then the versions, as `type_plan` lays out a
-        `HistoryPlan`'s."""
-        data = pa.schema([f for f in schema if f.name not in (START_AT, END_AT)])
-        versions = self._typed(columns, bulk.versions, bulk.version_rows, bulk.version_lsns)
-        closes = self._typed_keys(columns, bulk.closes)
-        parts = []
-        for part, starts, ends, action in (
-            (closes, pa.nulls(len(bulk.close_ends), SEQUENCE_TYPE), bulk.close_ends, "close"),
-            (versions, bulk.starts, bulk.ends, "insert"),
-        ):
-            typed = fit(part, data).append_column(START_AT, starts).append_column(END_AT, ends)
-            parts.append(typed.append_column(ACTION, pa.repeat(action, len(starts))))
-        return pa.concat_tables(parts)
 
     def _check_source(self, table: DeltaTable | None, changes: list[Change]) -> str:
         """The source's name; refuses a batch of several tables, or of another table than

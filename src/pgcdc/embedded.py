@@ -1035,62 +1035,7 @@ class EmbeddedServer:
     def drop_database(self, dbname: str, timeout: float = 30.0) -> None:
         """DROP DATABASE even when it is busy: rolls back its prepared transactions, drops its
         subscriptions and replication slots (terminating their walsenders) and connections."""
-        import psycopg
-        from psycopg import errors, sql
-
-        ident = sql.Identifier(dbname)
-        deadline = time.monotonic() + timeout
-        with self.connect() as admin:
-
-            def rows(q: str) -> list[tuple[Any, ...]]:
-                return admin.execute(q, (dbname,)).fetchall()
-
-            if not rows("SELECT 1 FROM pg_database WHERE datname = %s"):
-                return
-            gids = rows("SELECT gid FROM pg_prepared_xacts WHERE database = %s")
-            subs = rows(
-                "SELECT s.subname FROM pg_subscription s JOIN pg_database d ON d.oid = s.subdbid"
-                " WHERE d.datname = %s"
-            )
-            if gids or subs:
-                with self.connect(dbname) as conn:  # both must be done from inside dbname
-                    for (gid,) in gids:
-                        conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-                    for (sub,) in subs:
-                        s = sql.Identifier(sub)
-                        conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(s))
-                        conn.execute(
-                            sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(s)
-                        )
-                        conn.execute(sql.SQL("DROP SUBSCRIPTION {}").format(s))
-            while True:
-                slots = rows(
-                    "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s"
-                )
-                for slot, active_pid in slots:
-                    try:
-                        if active_pid is not None:
-                            admin.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
-                        else:
-                            admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                    except (errors.ObjectInUse, errors.UndefinedObject):
-                        pass  # raced with a walsender starting or exiting; look again
-                try:
-                    if not slots:
-                        admin.execute(
-                            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident)
-                        )
-                        return
-                except (errors.ObjectInUse, errors.ObjectNotInPrerequisiteState) as exc:
-                    if time.monotonic() > deadline:
-                        raise EmbeddedServerError(f"cannot drop database {dbname}: {exc}") from exc
-                except psycopg.Error as exc:
-                    raise EmbeddedServerError(f"cannot drop database {dbname}: {exc}") from exc
-                if time.monotonic() > deadline:
-                    raise EmbeddedServerError(
-                        f"cannot drop database {dbname}: replication slots still in use: {slots}"
-                    )
-                time.sleep(0.05)
+        _drop_busy_database(self, dbname, timeout)
 
 
 class Database:
@@ -1149,3 +1094,59 @@ class Database:
 
     def __repr__(self) -> str:
         return f"<Database {self.dbname} on {self.server!r}>"
+
+
+def _drop_busy_database(server: EmbeddedServer, dbname: str, timeout: float) -> None:
+    """`EmbeddedServer.drop_database`."""
+    import psycopg
+    from psycopg import errors, sql
+
+    ident = sql.Identifier(dbname)
+    deadline = time.monotonic() + timeout
+    with server.connect() as admin:
+
+        def rows(q: str) -> list[tuple[Any, ...]]:
+            return admin.execute(q, (dbname,)).fetchall()
+
+        if not rows("SELECT 1 FROM pg_database WHERE datname = %s"):
+            return
+        gids = rows("SELECT gid FROM pg_prepared_xacts WHERE database = %s")
+        subs = rows(
+            "SELECT s.subname FROM pg_subscription s JOIN pg_database d ON d.oid = s.subdbid"
+            " WHERE d.datname = %s"
+        )
+        if gids or subs:
+            with server.connect(dbname) as conn:  # both must be done from inside dbname
+                for (gid,) in gids:
+                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+                for (sub,) in subs:
+                    s = sql.Identifier(sub)
+                    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(s))
+                    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(s))
+                    conn.execute(sql.SQL("DROP SUBSCRIPTION {}").format(s))
+        while True:
+            slots = rows(
+                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s"
+            )
+            for slot, active_pid in slots:
+                try:
+                    if active_pid is not None:
+                        admin.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
+                    else:
+                        admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                except (errors.ObjectInUse, errors.UndefinedObject):
+                    pass  # raced with a walsender starting or exiting; look again
+            try:
+                if not slots:
+                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+                    return
+            except (errors.ObjectInUse, errors.ObjectNotInPrerequisiteState) as exc:
+                if time.monotonic() > deadline:
+                    raise EmbeddedServerError(f"cannot drop database {dbname}: {exc}") from exc
+            except psycopg.Error as exc:
+                raise EmbeddedServerError(f"cannot drop database {dbname}: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"cannot drop database {dbname}: replication slots still in use: {slots}"
+                )
+            time.sleep(0.05)

@@ -14,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as st
 
-from pgcdc.protocol import Relation, TupleData
+from pgcdc.protocol import Relation
 from pgcdc.snapshot.relation import catalog_relation
-from pgcdc.types.arrow import ArrowBatchBuilder, relation_spark_schema
+from pgcdc.types.arrow import relation_spark_schema
 from pgcdc.types.catalog import TypeDescriptions
+from pgcdc.types.columns import TextColumns
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import TypeRegistry
 
@@ -67,10 +70,10 @@ def table_changes(
     qualified = f"{schema_name or 'public'}.{table_name}"
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        builder = ArrowBatchBuilder(relation, types.registry(), options)
-        row_type = pa.struct(list(builder.schema)[: len(names)])
+        columns = TextColumns(relation, types.registry(), options, qualified)
+        row_type = pa.struct(list(columns.schema)[: len(names)])
         for batch in batches:
-            yield _typed_batch(batch, builder, names, row_type)
+            yield _typed_batch(batch, columns, names, row_type)
 
     del registry  # executors build their own from `types`
     rows = envelope.where(
@@ -85,24 +88,32 @@ def table_changes(
 
 
 def _typed_batch(
-    batch: pa.RecordBatch, builder: ArrowBatchBuilder, names: list[str], row_type: pa.DataType
+    batch: pa.RecordBatch, columns: TextColumns, names: list[str], row_type: pa.DataType
 ) -> pa.RecordBatch:
+    """`batch` with its maps ``key``, ``before`` and ``after`` typed: each column's texts
+    taken out of the maps by name (NULL where a row's map lacks it), typed a column at a time."""
     arrays = [batch.column(name) for name in _KEPT]
+    rows = batch.num_rows
     for field in ("key", "before", "after"):
-        present = []
-        for pairs in batch.column(field).to_pylist():
-            present.append(pairs is not None)
-            values = dict(pairs or ())
-            kinds = bytes(0x74 if values.get(n) is not None else 0x6E for n in names)
-            encoded = tuple(None if values.get(n) is None else values[n].encode() for n in names)
-            builder.append(TupleData(kinds, encoded))
-        typed = builder.flush()
-        struct = pa.StructArray.from_arrays(
-            typed.columns[: len(names)],
-            fields=list(row_type),
-            mask=pa.array([not p for p in present], pa.bool_()),
+        maps = batch.column(field)
+        present = pc.invert(pc.is_null(maps))
+        flat_keys, flat_items = maps.keys, maps.items  # every entry's, flat
+        parents = pc.list_parent_indices(maps)
+        typed = []
+        for i, name in enumerate(names):
+            hit = pc.equal(flat_keys, name)
+            texts = pa.nulls(rows, pa.string())
+            if pc.any(hit).as_py():
+                where = pc.filter(parents, hit).to_numpy()
+                texts = pc.replace_with_mask(
+                    texts,
+                    pa.array(np.isin(np.arange(rows), where)),
+                    pc.filter(flat_items, hit),
+                )
+            typed.append(columns.column(i, texts)[0])
+        arrays.append(
+            pa.StructArray.from_arrays(typed, fields=list(row_type), mask=pc.invert(present))
         )
-        arrays.append(struct)
     arrays.append(batch.column("unchanged_toast"))
     fields = [batch.schema.field(n) for n in _KEPT]
     fields += [pa.field(f, row_type) for f in ("key", "before", "after")]

@@ -5,6 +5,7 @@ batches, and a failed batch must leave nothing behind."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -61,15 +62,7 @@ class BatchTyping:
         """How `shape`'s values (the server's text) are typed, a column at a time."""
         typer = self.typers.get(shape)
         if typer is None:
-            columns = tuple(
-                Column(1 if c.key else 0, c.name, c.type_oid, c.type_modifier)
-                for c in shape.columns
-            )
-            relation = Relation(
-                shape.relation_oid, shape.schema, shape.table, shape.replica_identity, columns
-            )
-            typer = TextColumns(relation, self.registry, self.options, shape.name)
-            self.typers[shape] = typer
+            typer = self.typers[shape] = _text_columns(shape, self.registry, self.options)
         return typer
 
     def builder(self, shape: Shape) -> ArrowBatchBuilder:
@@ -242,6 +235,19 @@ class BatchTyping:
                 values = pc.if_else(pa.array(stale), values.cast(current.type), current)
             part = with_column(part, column, values)
         return part
+
+
+@functools.lru_cache(maxsize=512)
+def _text_columns(shape: Shape, registry: TypeRegistry, options: MappingOptions) -> TextColumns:
+    """`TextColumns` of a shape: the same for every batch with that shape and registry (a
+    registry is one object per set of type descriptions), so made once per process."""
+    columns = tuple(
+        Column(1 if c.key else 0, c.name, c.type_oid, c.type_modifier) for c in shape.columns
+    )
+    relation = Relation(
+        shape.relation_oid, shape.schema, shape.table, shape.replica_identity, columns
+    )
+    return TextColumns(relation, registry, options, shape.name)
 
 
 # --- batches folded in Arrow (`pgcdc.targets.bulk`) ------------------------------------

@@ -7,6 +7,7 @@ import math
 import socket
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pgcdc.embedded import Database
 from pgcdc.errors import MonitoringError
 from pgcdc.monitoring import PipelineMetrics, slot_status, wal_warnings
+from pgcdc.monitoring.lag import LagReport
 from pgcdc.protocol import Lsn
 from replication.helpers import unique
 
@@ -55,8 +57,7 @@ def test_batches_targets_copy_and_quarantine(metrics: PipelineMetrics) -> None:
     assert samples[("pgcdc_batches_total", ())] == 5
     assert samples[("pgcdc_changes_total", ())] == sum(r.changes for r in records) == 1500
     assert samples[("pgcdc_bytes_total", ())] == 1500 * 120
-    assert samples[("pgcdc_lag_bytes", ())] == records[-1].lag_bytes
-    assert samples[("pgcdc_lag_seconds", ())] == records[-1].lag_seconds
+    assert samples[("pgcdc_lag_seconds", ())] == 0  # measured by the pipeline, not per batch
     assert samples[("pgcdc_batch_seconds_count", ())] == 5
     assert samples[("pgcdc_batch_seconds_sum", ())] == pytest.approx(
         sum(r.seconds for r in records)
@@ -107,3 +108,15 @@ def test_off_until_started_and_port_in_use(metrics: PipelineMetrics) -> None:
     metrics.stop()
     with pytest.raises(OSError):
         scrape(port)
+
+
+def test_the_lag_gauges_follow_the_pipelines_measure(metrics: PipelineMetrics) -> None:
+    """The lag is what the pipeline measures now (`LagReport`), not the last batch's: after
+    a backlog it goes back to 0 when the pipeline has caught up."""
+    port = metrics.start(0)
+    metrics.set_lag(LagReport(datetime.now(UTC), 70.0, 20 << 20))
+    samples = scrape(port)
+    assert (samples[("pgcdc_lag_seconds", ())], samples[("pgcdc_lag_bytes", ())]) == (70, 20 << 20)
+    metrics.set_lag(LagReport(datetime.now(UTC), 0.0, 0))
+    samples = scrape(port)
+    assert (samples[("pgcdc_lag_seconds", ())], samples[("pgcdc_lag_bytes", ())]) == (0, 0)

@@ -149,6 +149,14 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
     state = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
     planned = len(state["chunks"]["public.customers"])
     assert state["status"] == "copying" and 0 < len(first) < planned
+    # `pgcdc status` counts the chunks the targets hold, not the ones planned
+    from pgcdc.cli.status import _copy_section
+    from pgcdc.pipeline.config import parse_config
+
+    section = _copy_section(lake / "_pgcdc/test/snapshot.json", parse_config(config))
+    assert section is not None and section.warnings == ["the initial copy has not finished"]
+    shown = section.data["tables"]["public.customers"]
+    assert (shown["chunks_copied"], shown["chunks_planned"]) == (len(first), planned)
     pg.execute("UPDATE customers SET name = 'after crash' WHERE id % 97 = 0")
     # Columns that change while no copy runs, with no change of the table after them: the
     # copy that starts over gives the targets the table's columns as of its snapshot.

@@ -552,3 +552,59 @@ def test_a_change_log_starts_with_the_copy_as_snapshot_reads(
         )
     else:
         assert ops == ["update", "delete"]
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE k RENAME COLUMN id TO ident",
+        "ALTER TABLE k ADD COLUMN at timestamptz DEFAULT clock_timestamp();"
+        "ALTER TABLE k RENAME COLUMN id TO ident",
+        "ALTER TABLE k ADD COLUMN r float8 DEFAULT random(); ALTER TABLE k ALTER id TYPE bigint",
+    ],
+    ids=["key renamed", "volatile default then key renamed", "volatile default then key widened"],
+)
+def test_the_key_renamed_or_widened_is_followed(
+    spark: Any, pg: Database, tmp_path: Path, ddl: str
+) -> None:
+    """Case 12: the key column renamed (alone, or in the transaction of a volatile default
+    whose values are read per key), or widened after such a default: followed, no stop (they
+    once stopped with "row(s) of the target hold no value", `column "id" does not exist`, a
+    raw Arrow join error)."""
+    if pg.version not in (15, 18):
+        pytest.skip("DDL of every version; the oldest and the newest are enough")
+    pg.execute(
+        "CREATE TABLE k (id int PRIMARY KEY, v text);"
+        "INSERT INTO k SELECT g, 'v' || g FROM generate_series(1, 51) g"
+    )
+    config = _config(pg, tmp_path, {"public.k": ["mirror", "history"]})
+    run_pipeline(spark, config)
+    pg.execute(f"BEGIN; {ddl}; COMMIT")
+    key = "ident" if "RENAME" in ddl else "id"
+    pg.execute(f"UPDATE k SET v = 'after' WHERE {key} <= 3; DELETE FROM k WHERE {key} = 51")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    assert key in _rows(tmp_path / "lake" / "public.k")[0]
+
+
+def test_a_value_out_of_range_names_its_lsn(spark: Any, pg: Database, tmp_path: Path) -> None:
+    """Case 12: a value Spark's type cannot hold stops the table with the change's LSN, in the
+    stream and in the copy (both once said "at LSN ?")."""
+    from pgcdc.pipeline import PipelineFailed
+
+    if pg.version != 18:
+        pytest.skip("the same on every server")
+    pg.execute(
+        "CREATE TABLE o (id int PRIMARY KEY, at timestamp);"
+        "INSERT INTO o VALUES (1, '2020-01-01'), (2, 'infinity')"
+    )
+    config = _config(pg, tmp_path, {"public.o": "mirror"})
+    with pytest.raises(PipelineFailed, match=r"public\.o\.at: value 'infinity'.*initial copy at"):
+        run_pipeline(spark, config)
+    pg.execute("DELETE FROM o WHERE id = 2")
+    stream = _config(pg, tmp_path / "s", {"public.o": "mirror"})
+    run_pipeline(spark, stream)
+    pg.execute("INSERT INTO o VALUES (3, 'infinity')")
+    with pytest.raises(PipelineFailed, match=r"public\.o\.at: value 'infinity'") as failed:
+        run_pipeline(spark, stream)
+    assert "LSN ?" not in str(failed.value) and "at LSN " in str(failed.value), failed.value

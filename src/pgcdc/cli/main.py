@@ -748,10 +748,10 @@ def _jsonable(value: Any) -> Any:
 )
 @click.option(
     "--batches",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     metavar="BATCHLOG",
-    help="the pipeline's batch log: its lag and throughput",
+    help="the pipeline's batch log (its state's batches/ directory): its lag and throughput",
 )
 @click.option(
     "--plot",
@@ -890,7 +890,9 @@ def run(pipeline: str) -> None:
     run_pipeline = require("pgcdc.cli.run", "spark").run_pipeline
     from pgcdc.pipeline.config import load_config
 
-    _check_writable_directory(Path(load_config(pipeline).target_path), "target.path")
+    target_path = load_config(pipeline).target_path
+    if "://" not in target_path:  # an object store's is checked by the pipeline itself
+        _check_writable_directory(Path(target_path), "target.path")
     run_pipeline(pipeline)
 
 

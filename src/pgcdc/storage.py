@@ -189,7 +189,10 @@ class LocalFileIO(FileIO):
             raise StorageError(f"{path}: cannot list it: {exc.strerror or exc}") from None
 
     def exists(self, name: str) -> bool:
-        return self._path(name).exists()
+        path = self._path(name)
+        if path.is_dir():  # as on an object store: a directory is its files
+            return any(p.is_file() for p in path.rglob("*"))
+        return path.is_file()
 
 
 #: ANSI colours in delta-rs' error chains.
@@ -197,6 +200,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What an object store's XML error says: its code and message.
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _XML_MESSAGE = re.compile(r"<Message>([^<\n]+)")
+#: Reads of an object rewritten while they ran before one gives up (`ObjectStoreFileIO.read`).
+_READ_ATTEMPTS = 5
 _HTTP_STATUS = re.compile(r"\b([45]\d\d [A-Z][A-Za-z ]+?)\s*(?:$|\n|:)", re.MULTILINE)
 
 
@@ -258,14 +263,26 @@ class ObjectStoreFileIO(FileIO):
             self._checked = True
 
     def read(self, name: str) -> bytes | None:
+        """The object as one version: delta-rs asks for its size, then for that many bytes,
+        and a rewrite in between would give the start of the new version. So its size is
+        asked again after the read: it changed, the read starts over."""
         self.check()
         try:
-            file = self._handler.open_input_file(name)
-            return file.read(file.size())
+            for _ in range(_READ_ATTEMPTS):
+                file = self._handler.open_input_file(name)
+                size = file.size()
+                data = file.read(size)
+                (now,) = self._handler.get_file_info([name])
+                if len(data) == size and now.is_file and now.size == size:
+                    return data
         except FileNotFoundError:
             return None
         except Exception as exc:
             raise self._fail(name, "cannot read it", exc) from None
+        raise StorageError(
+            f"{self.location(name)}: cannot read it: it was rewritten during each of "
+            f"{_READ_ATTEMPTS} reads (two writers?)"
+        )
 
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
         try:

@@ -37,14 +37,22 @@ class QuarantineRecord:
 
 
 class Quarantine:
-    """The quarantine records of one pipeline (``quarantine.json`` in its `state`)."""
+    """The quarantine records of one pipeline (``quarantine.json`` in its `state`), read
+    once and then kept: a pipeline's state has one writer (a running pipeline, or `pgcdc
+    recopy` while it is stopped), and the running view asks for them twice a second."""
 
     NAME = "quarantine.json"
 
     def __init__(self, state: FileIO) -> None:
         self.state = state
+        self._records: dict[str, QuarantineRecord] | None = None
 
     def records(self) -> dict[str, QuarantineRecord]:
+        if self._records is None:
+            self._records = self._load()
+        return dict(self._records)
+
+    def _load(self) -> dict[str, QuarantineRecord]:
         text = self.state.read(self.NAME)
         if text is None:
             return {}
@@ -58,6 +66,7 @@ class Quarantine:
     def _save(self, records: dict[str, QuarantineRecord]) -> None:
         data = json.dumps({t: asdict(r) for t, r in records.items()}, indent=1)
         self.state.write(self.NAME, data.encode())
+        self._records = dict(records)
 
     def add(self, table: str, reason: str, since: str) -> None:
         records = self.records()

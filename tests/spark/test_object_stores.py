@@ -340,9 +340,10 @@ def test_copy_stream_quarantine_and_recopy_on_the_store(
     spark: Any, pg: Database, tmp_path: Path, store: Store
 ) -> None:
     """The copy (Spark tasks writing chunks to the store), batches applied by the driver and
-    by Spark jobs, a table quarantined (its changes go to its pending log on the store) and
-    copied again by `pgcdc recopy` (targets removed on the store), `pgcdc status` reading the
-    state from there: every target equal to its source at each step."""
+    by Spark jobs, a table quarantined (its changes go to its pending log on the store),
+    copied again by `pgcdc recopy` (targets removed on the store) and resynchronized (staged
+    on the store), `pgcdc status` reading the state from there: every target equal to its
+    source at each step."""
     if pg.version < 18:
         pytest.skip("the storage is the same on every server")
     from pgcdc.cli.status import pipeline_sections
@@ -398,6 +399,16 @@ def test_copy_stream_quarantine_and_recopy_on_the_store(
     assert pipeline.quarantine.records() == {}
     assert not state.exists("pending/public.notes")
     assert_all_equal(pg, store, config)
+
+    # Out of its publication and back while the pipeline was stopped: the change made in
+    # between never comes, so the table is resynchronized (copied to a staging table in the
+    # state on the store, its targets reconciled with it).
+    pg.execute(f"ALTER PUBLICATION {publication} DROP TABLE notes")
+    pg.execute("UPDATE notes SET body = 'unseen' WHERE id = 'k7'")
+    pg.execute(f"ALTER PUBLICATION {publication} ADD TABLE notes")
+    run_pipeline(spark, config)
+    assert_all_equal(pg, store, config)
+    assert not state.exists("resync") and not local.exists()
 
 
 def _child(config: dict[str, Any], *extra: str) -> subprocess.Popen[str]:

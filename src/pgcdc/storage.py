@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.errors import StorageError
+from pgcdc.extras import MissingExtra
 
 __all__ = [
     "FileIO",
@@ -123,15 +124,21 @@ class LocalFileIO(FileIO):
         return self.path / name if name else self.path
 
     def check(self) -> None:
+        """The root is a writable directory, or one that can be made (nothing is made)."""
         path = self.path
-        if path.exists() and not path.is_dir():
-            raise StorageError(f"{path}: not a directory")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"{path}: cannot create the directory: {exc.strerror}") from None
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise StorageError(f"{path}: the directory is not writable")
+        if path.exists():
+            if not path.is_dir():
+                raise StorageError(f"{path}: not a directory")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise StorageError(f"{path}: the directory is not writable")
+            return
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            raise StorageError(
+                f"{path}: cannot create the directory ({ancestor} is not a writable directory)"
+            )
 
     def read(self, name: str) -> bytes | None:
         path = self._path(name)
@@ -195,13 +202,13 @@ class LocalFileIO(FileIO):
         return path.is_file()
 
 
-#: ANSI colours in delta-rs' error chains.
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: What an object store's XML error says: its code and message.
-_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
-_XML_MESSAGE = re.compile(r"<Message>([^<\n]+)")
 #: Reads of an object rewritten while they ran before one gives up (`ObjectStoreFileIO.read`).
 _READ_ATTEMPTS = 5
+#: ANSI colours in delta-rs' error chains.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: What an object store's XML error says: its code and message; else its HTTP status.
+_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+_XML_MESSAGE = re.compile(r"<Message>([^<\n]+)")
 _HTTP_STATUS = re.compile(r"\b([45]\d\d [A-Z][A-Za-z ]+?)\s*(?:$|\n|:)", re.MULTILINE)
 
 
@@ -234,7 +241,13 @@ class ObjectStoreFileIO(FileIO):
         # deltalake.fs.DeltaStorageHandler wraps this handler for pyarrow, but writes through
         # it fail in deltalake 1.6 (it hands delta-rs a pyarrow Buffer, which takes bytes
         # only); the handler itself reads, writes, lists and deletes.
-        from deltalake._internal import DeltaFileSystemHandler
+        try:
+            from deltalake._internal import DeltaFileSystemHandler
+        except ModuleNotFoundError:
+            raise MissingExtra(
+                f"{root}: an object store needs deltalake, which comes with pgcdc's 'spark' "
+                "extra: pip install 'pgcdc[spark]'"
+            ) from None
 
         self.root = root.rstrip("/")
         self._options = dict(storage_options or {})
@@ -288,7 +301,8 @@ class ObjectStoreFileIO(FileIO):
         try:
             stream = self._handler.open_output_stream(name, None)
             stream.write(bytes(data))
-            stream.close()  # type: ignore[attr-defined]  # the object appears whole, or not at all
+            # The object appears whole, or not at all (the stub lacks close()).
+            stream.close()  # type: ignore[attr-defined]
         except Exception as exc:
             raise self._fail(name, "cannot write it", exc) from None
 

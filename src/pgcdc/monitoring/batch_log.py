@@ -132,6 +132,8 @@ class BatchLog:
         self.log = log
         self.max_bytes = max_bytes
         self.segment_bytes = min(segment_bytes, max_bytes)
+        #: Segments kept (the newest, the one being written included): under `max_bytes`.
+        self._keep = max(1, max_bytes // self.segment_bytes)
         #: The newest segment's number and content (the writer's), once known.
         self._number = 0
         self._segment = bytearray()
@@ -179,10 +181,14 @@ class BatchLog:
 
     def _prune(self, numbers: list[int]) -> None:
         """Keep the newest segments that fit in `max_bytes` (the one written now included)."""
-        keep = max(1, self.max_bytes // self.segment_bytes)
         for number in numbers:
-            if number <= self._number - keep:
+            if number <= self._number - self._keep:
                 self.log.delete(self._name(number))
+
+    def _next_segment(self) -> None:
+        self._number += 1
+        self._segment = bytearray()
+        self._prune([self._number - self._keep])
 
     def append(self, record: BatchRecord) -> None:
         """Add one line (not synced to disk locally: a lost line costs a point of a plot)."""
@@ -191,9 +197,7 @@ class BatchLog:
             if not self._number:
                 self._resume()
             if self._segment and len(self._segment) + len(line) > self.segment_bytes:
-                self._number += 1
-                self._segment = bytearray()
-                self._prune([self._number - max(1, self.max_bytes // self.segment_bytes)])
+                self._next_segment()
             self._segment += line
             self.log.write(self._name(self._number), bytes(self._segment), durable=False)
         except StorageError as exc:
@@ -213,7 +217,8 @@ class BatchLog:
         if data is None:  # removed by the writer since the listing
             return []
         records = []
-        complete = data[: data.rfind(b"\n") + 1]  # a line cut short (a crash) is not read
+        # A line cut short (by a writer that died mid-append: not this one) is not read.
+        complete = data[: data.rfind(b"\n") + 1]
         for number, line in enumerate(complete.splitlines(), 1):
             try:
                 records.append(BatchRecord.from_json(json.loads(line)))

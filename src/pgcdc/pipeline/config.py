@@ -78,6 +78,7 @@ from typing import Any
 from pgcdc.errors import InvalidConninfo, PgcdcError
 from pgcdc.replication.connection import parse_conninfo
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
+from pgcdc.storage import is_object_store, join_location
 from pgcdc.targets.base import Mode, TargetSpec
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
@@ -175,21 +176,9 @@ class PipelineConfig:
         options = self.storage_options or None
         for table, modes in self.tables.items():
             for mode in modes:
-                path = join_path(self.target_path, f"{table}{_SUFFIX[mode]}")
+                path = join_location(self.target_path, f"{table}{_SUFFIX[mode]}")
                 out.append(TableTarget(table, mode, path, options))  # type: ignore[arg-type]
         return out
-
-
-def is_uri(path: str) -> bool:
-    """A URI of an object store (``s3://``, ``abfss://``, ``gs://``…), not a local path."""
-    return "://" in path and not path.startswith("file://")
-
-
-def join_path(base: str, name: str) -> str:
-    """`base` / `name` for a local path or a URI alike."""
-    if "://" in base:
-        return base.rstrip("/") + "/" + name
-    return str(Path(base) / name)
 
 
 #: Every key the configuration knows, per section ("" is the top level): a misspelt key is
@@ -411,11 +400,11 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     state = target.get("state")
     if state is not None and (not isinstance(state, str) or not state):
         raise ConfigError("target.state must be a directory (a string)")
-    if state is None and is_uri(given_path):
+    if state is None and is_object_store(given_path):
         raise ConfigError(
             f"target.path {given_path} is an object store: give target.state, where the "
             "pipeline keeps its state: a local directory or a URI on the store (e.g. "
-            f"{join_path(given_path, '_pgcdc/' + str(data.get('name', 'pipeline')))})"
+            f"{join_location(given_path, '_pgcdc/' + str(data.get('name', 'pipeline')))})"
         )
     storage = _section(target, "storage_options")
     streaming = source.get("streaming")

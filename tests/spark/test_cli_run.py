@@ -201,8 +201,8 @@ def test_run_checks_the_source_before_starting_spark(pg: Database, tmp_path: Pat
     """A server with wal_level = replica: one line saying how to fix it, before Spark starts
     (before, Spark started and the view showed for half a minute before the server's error)."""
     from pgcdc.errors import ServerConfigurationError
-    from pgcdc.pipeline.config import load_config
     from pgcdc.pipeline import Pipeline
+    from pgcdc.pipeline.config import load_config
 
     if pg.version < 18:
         pytest.skip("the command is the same on every server; one run is enough")

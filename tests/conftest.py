@@ -24,6 +24,10 @@ from pgcdc.embedded import (
     install_hint,
 )
 
+#: The object stores and Spark clusters of tests/clusters (moto_s3, azurite, ...), for every
+#: test (each server is started on first use, once per session).
+pytest_plugins = ["clusters.fixtures"]
+
 PG_VERSIONS = (15, 16, 18)
 #: The focused tests of what a pipeline must follow run on 17 as well (`pg_all`).
 ALL_VERSIONS = (15, 16, 17, 18)

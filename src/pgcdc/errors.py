@@ -40,6 +40,7 @@ __all__ = [
     "SourceError",
     "SpillError",
     "SpoolError",
+    "StorageError",
     "StreamEnded",
     "TargetError",
     "TruncatedMessage",
@@ -252,6 +253,11 @@ class SpillError(PgcdcError):
 
 class SpoolError(PgcdcError):
     """The Spark source's spool of committed transactions is unreadable or out of order."""
+
+
+class StorageError(PgcdcError):
+    """A file pgcdc keeps (a pipeline's state) cannot be read or written where it lives: a
+    local directory, or an object store that refuses (credentials, a missing bucket)."""
 
 
 class SourceError(PgcdcError):

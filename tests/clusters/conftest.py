@@ -1,5 +1,5 @@
-"""The cluster and object-store fixtures for the tests in this directory, and the logs of
-the servers a failed test used, in its report."""
+"""The logs of the servers a failed test of this directory used, in its report (the
+fixtures themselves come from ``clusters.fixtures``, a plugin of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ from typing import Any
 
 import pytest
 
-from .fixtures import azurite, cluster_logs, connect_server, moto_s3, standalone_cluster
 from .processes import ServerProcess, tail
-
-__all__ = ["azurite", "cluster_logs", "connect_server", "moto_s3", "standalone_cluster"]
 
 _SERVERS = ("standalone_cluster", "connect_server", "moto_s3", "azurite")
 

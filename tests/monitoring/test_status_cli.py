@@ -71,11 +71,11 @@ def test_invalidated_slot(small_keep: Database) -> None:
 def test_batches_and_plot(pg: Database, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE t (id int)")
     slot = create_slot(pg)
-    log = BatchLog(tmp_path / "batches.jsonl")
+    log = BatchLog.at(tmp_path / "batches")
     for record in batch_records(12):
         log.append(record)
     plot = tmp_path / "lag.png"
-    args = ("-d", pg.dsn, "-S", slot, "--batches", str(log.path), "--plot", str(plot))
+    args = ("-d", pg.dsn, "-S", slot, "--batches", log.location, "--plot", str(plot))
     text = status(*args)
     assert "Batches" in text and "12 since" in text and "#12" in text
     assert TARGETS[0] in text and str(plot) in text
@@ -112,8 +112,9 @@ def test_bad_input_is_one_line(pg: Database, tmp_path: Path) -> None:
         run_cli("status", "-d", pg.dsn, "-S", slot, "--standby", pg.dsn),
         "the server given as the standby is not in recovery",
     )
-    damaged = tmp_path / "batches.jsonl"
-    damaged.write_text("not json\n")
+    damaged = tmp_path / "batches"
+    damaged.mkdir()
+    (damaged / "0000000001.jsonl").write_text("not json\n")
     assert_one_error_line(
         run_cli("status", "-d", pg.dsn, "-S", slot, "--batches", str(damaged)),
         "line 1 is not a batch record",

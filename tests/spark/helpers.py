@@ -86,13 +86,13 @@ def verdicts(db: Database, config: dict[str, Any]) -> list[Any]:
     current versions equal, no version twice)."""
     from pgcdc.pipeline.config import parse_config
     from pgcdc.pipeline.verify import compare_history, compare_mirror
-    from pgcdc.targets import DeltaTarget
+    from pgcdc.targets import open_target
 
     out = []
     for spec in parse_config(config).targets():
         if spec.mode == "changelog":
             continue
-        target = DeltaTarget(spec.path, spec.mode, app_id="pgcdc:test")
+        target = open_target(spec.spec, app_id="pgcdc:test")  # (on an object store too)
         compare = compare_mirror if spec.mode == "mirror" else compare_history
         out.append(compare(db.dsn, spec.table, target.to_arrow() if target.exists else None))
     return out

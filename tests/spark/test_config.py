@@ -147,7 +147,8 @@ def test_intervals(value: Any, seconds: float) -> None:
 
 def test_targets_on_an_object_store(tmp_path: Path) -> None:
     """Target paths join URIs as URIs; the storage options go with every target; the state
-    and the spool are local directories, relative to the configuration's."""
+    and the spool are local directories, relative to the configuration's, or (the state) a
+    URI."""
     parsed = parse_config(
         {
             **BASE,
@@ -169,6 +170,8 @@ def test_targets_on_an_object_store(tmp_path: Path) -> None:
     local = parse_config({**BASE, "target": {"path": "file:///data/lake"}})
     assert local.targets()[0].path == "file:///data/lake/public.t"
     assert local.state_path == "/data/lake/_pgcdc/pipeline"
+    remote = parse_config({**BASE, "target": {"path": "az://c/lake", "state": "az://c/state"}})
+    assert remote.state_path == "az://c/state"  # a URI, not a path under the config's
 
 
 def test_table_properties_go_with_every_target() -> None:

@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pgcdc import __version__
 from pgcdc.capture import CaptureReader
 from pgcdc.cli.render import message_json, message_text
 from pgcdc.decoding import PluginRunner
-from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists, TargetError
+from pgcdc.errors import OutputFileError, PgcdcError, PluginError, SlotExists
 from pgcdc.extras import require, require_extra
 from pgcdc.monitoring.units import format_bytes
 from pgcdc.output_file import OutputFile
@@ -747,10 +746,10 @@ def _jsonable(value: Any) -> Any:
 )
 @click.option(
     "--batches",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     metavar="BATCHLOG",
-    help="the pipeline's batch log: its lag and throughput",
+    help="the pipeline's batch log (its state's batches/ directory): its lag and throughput",
 )
 @click.option(
     "--plot",
@@ -907,22 +906,12 @@ def publication_describe(name: str, conninfo: str) -> None:
 def run(pipeline: str) -> None:
     """Run a pipeline (PIPELINE.toml): a slot's changes into Delta mirror/history tables."""
     run_pipeline = require("pgcdc.cli.run", "spark").run_pipeline
-    from pgcdc.pipeline.config import load_config
+    from pgcdc.pipeline import check_storage, load_config
 
-    _check_writable_directory(Path(load_config(pipeline).target_path), "target.path")
+    # Before anything starts (Spark, a slot): the targets' root and the state can be used
+    # (a writable directory; an object store that answers).
+    check_storage(load_config(pipeline))
     run_pipeline(pipeline)
-
-
-def _check_writable_directory(path: Path, name: str) -> None:
-    """Fail before anything starts (Spark, a slot) when `path` cannot be a writable directory."""
-    if path.exists() and not path.is_dir():
-        raise TargetError(f"{name} {path}: not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TargetError(f"{name} {path}: cannot create the directory: {exc.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise TargetError(f"{name} {path}: the directory is not writable")
 
 
 @cli.command()

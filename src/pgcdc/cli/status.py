@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.monitoring import (
+    BATCH_LOG,
     BatchLog,
     BatchRecord,
     SlotStatus,
@@ -30,6 +31,7 @@ from pgcdc.monitoring import (
     wal_warnings,
 )
 from pgcdc.protocol import Lsn
+from pgcdc.storage import FileIO, open_file_io
 
 __all__ = [
     "Section",
@@ -69,7 +71,7 @@ def status_sections(
     status = slot_status(conninfo, slot, standby=standby)
     sections = slot_sections(status, max_retained_bytes)
     if batch_log is not None:
-        records = BatchLog(batch_log).read()
+        records = BatchLog.at(batch_log).read()
         sections.append(batch_section(records, status.server_time))
         if plot is not None:
             sections.append(plot_section(records, plot, title=f"pgcdc slot {slot}"))
@@ -245,12 +247,13 @@ def pipeline_sections(path: Path, *, plot: Path | None = None) -> list[Section]:
     from pgcdc.pipeline.config import load_config
 
     config = load_config(path)
-    state = Path(config.state_path)
+    state = open_file_io(config.state_path, config.storage_options)
+    state.check()
     status = slot_status(config.conninfo, config.slot)
     sections = slot_sections(status, config.max_retained_wal)
-    records = BatchLog(state / "batches.jsonl").read()
+    records = BatchLog(state.child(BATCH_LOG)).read()
     lag = current_lag(
-        read_lag(state / "lag.json"),
+        read_lag(state),
         status.server_time,
         records[-1].last_commit_time if records else None,
         status.lag_bytes,
@@ -259,10 +262,10 @@ def pipeline_sections(path: Path, *, plot: Path | None = None) -> list[Section]:
     if plot is not None:
         sections.append(plot_section(records, plot, title=f"pgcdc pipeline {config.name}"))
     sections.append(_target_section(config, status.server_time))
-    copy = _copy_section(state / "snapshot.json", config)
+    copy = _copy_section(state, config)
     if copy is not None:
         sections.append(copy)
-    stopped = Quarantine(state / "quarantine.json").records()
+    stopped = Quarantine(state).records()
     if stopped:
         listed = sorted(stopped.items())
         sections.append(
@@ -305,14 +308,15 @@ def _target_section(config: Any, now: datetime) -> Section:
     return Section("Targets", rows, key="targets", data=data)
 
 
-def _copy_section(path: Path, config: Any) -> Section | None:
+def _copy_section(state_io: FileIO, config: Any) -> Section | None:
     """The initial copy: its status, point and, per table, the chunks its targets hold of
     the ones planned (and their rows)."""
+    from pgcdc.pipeline import InitialCopy
     from pgcdc.targets import open_target
 
-    if not path.exists():
+    state = InitialCopy.read_state(state_io)
+    if state is None:
         return None
-    state = json.loads(path.read_text())
     point = state.get("point")
     planned = {t: len(c) for t, c in state.get("chunks", {}).items()}
     copied: dict[str, dict[str, int]] = {}

@@ -7,8 +7,8 @@ No Spark, no targets: matplotlib and prometheus-client are imported only when a 
 endpoint is made.
 """
 
-from pgcdc.monitoring.batch_log import BatchLog, BatchRecord
-from pgcdc.monitoring.lag import LagReport, current_lag, read_lag, write_lag
+from pgcdc.monitoring.batch_log import BATCH_LOG, BatchLog, BatchRecord
+from pgcdc.monitoring.lag import LAG_FILE, LagReport, current_lag, read_lag, write_lag
 from pgcdc.monitoring.metrics import PipelineMetrics
 from pgcdc.monitoring.plot import plot_batches, throughput
 from pgcdc.monitoring.slot_status import (
@@ -21,6 +21,8 @@ from pgcdc.monitoring.slot_status import (
 from pgcdc.monitoring.units import format_bytes, format_seconds
 
 __all__ = [
+    "BATCH_LOG",
+    "LAG_FILE",
     "LagReport",
     "current_lag",
     "read_lag",

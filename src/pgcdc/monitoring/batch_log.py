@@ -1,25 +1,41 @@
 """The pipeline's batch log: one JSON line per batch, for `pgcdc status` and its plot.
 
-Appended and flushed line by line by one writer; read at any time by others (a line still
-being written, without its newline, is not read yet). Bounded on disk: past `max_bytes` the
-file becomes ``NAME.1`` (replacing the one before) and a new file starts, so the log holds
-between `max_bytes` and twice that, and `read` reads both files.
+It lives where the pipeline's state does, a local directory or an object store, which has no
+append: the log is a directory of segments (``batches/0000000001.jsonl``, ...), each a few
+hundred lines. Its one writer holds the newest segment and writes it whole after every batch
+(an atomic replacement: a reader sees a segment with or without the new line, never a part);
+a segment past `segment_bytes` is left as it is and the next one starts; the oldest are
+removed so that the log stays under `max_bytes`. A writer that starts again goes on with the
+newest segment. Readers read every segment at any time, oldest first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from pgcdc.errors import MonitoringError
+from pgcdc.errors import MonitoringError, StorageError
+from pgcdc.storage import FileIO, open_file_io
 
-__all__ = ["DEFAULT_MAX_BYTES", "BatchLog", "BatchRecord", "TargetApply"]
+__all__ = [
+    "BATCH_LOG",
+    "DEFAULT_MAX_BYTES",
+    "SEGMENT_BYTES",
+    "BatchLog",
+    "BatchRecord",
+    "TargetApply",
+]
+
+#: The directory of a pipeline's state the log is in.
+BATCH_LOG = "batches"
 
 DEFAULT_MAX_BYTES = 8 << 20
+#: A segment's size, about: what one batch costs to write (one PUT on an object store).
+SEGMENT_BYTES = 128 << 10
 
 #: Per target ("schema.table mode"): {"rows": rows applied, "seconds": time applying them}.
 TargetApply = dict[str, dict[str, int | float]]
@@ -110,45 +126,113 @@ class BatchRecord:
 
 
 class BatchLog:
-    """The batch log at `path` (and its older half ``path.1``)."""
+    """The batch log whose segments are the files of `log` (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES):
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-        self.path = Path(path)
-        self.rotated = self.path.with_name(self.path.name + ".1")
+    def __init__(
+        self,
+        log: FileIO,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
+        if max_bytes <= 0 or segment_bytes <= 0:
+            raise ValueError(f"max_bytes and segment_bytes must be positive, got {max_bytes}")
+        self.log = log
         self.max_bytes = max_bytes
+        self.segment_bytes = min(segment_bytes, max_bytes)
+        #: Segments kept (the newest, the one being written included): under `max_bytes`.
+        self._keep = max(1, max_bytes // self.segment_bytes)
+        #: The newest segment's number and content (the writer's), once known.
+        self._number = 0
+        self._segment = bytearray()
+
+    @classmethod
+    def at(
+        cls,
+        location: str | os.PathLike[str],
+        storage_options: Mapping[str, str] | None = None,
+        **limits: int,
+    ) -> BatchLog:
+        """The batch log in the directory (or under the URI) `location`."""
+        try:
+            return cls(open_file_io(str(location), storage_options), **limits)
+        except StorageError as exc:
+            raise MonitoringError(f"the batch log: {exc}") from None
+
+    @property
+    def location(self) -> str:
+        return self.log.root
+
+    @staticmethod
+    def _name(number: int) -> str:
+        return f"{number:010d}.jsonl"
+
+    def _segments(self) -> list[tuple[int, str]]:
+        found = []
+        for name in self.log.list():
+            stem = name.removesuffix(".jsonl")
+            if name.endswith(".jsonl") and stem.isdigit():
+                found.append((int(stem), name))
+        return sorted(found)
+
+    def _resume(self) -> None:
+        """Go on with the newest segment (a new one after it when it is full or was left
+        with a line cut short), and remove what is past the budget."""
+        segments = self._segments()
+        self._number = segments[-1][0] if segments else 1
+        newest = self.log.read(segments[-1][1]) if segments else None
+        if newest is not None and len(newest) < self.segment_bytes and newest.endswith(b"\n"):
+            self._segment = bytearray(newest)
+        elif segments:
+            self._number += 1
+        self._prune([n for n, _ in segments])
+
+    def _prune(self, numbers: list[int]) -> None:
+        """Keep the newest segments that fit in `max_bytes` (the one written now included)."""
+        for number in numbers:
+            if number <= self._number - self._keep:
+                self.log.delete(self._name(number))
+
+    def _next_segment(self) -> None:
+        self._number += 1
+        self._segment = bytearray()
+        self._prune([self._number - self._keep])
 
     def append(self, record: BatchRecord) -> None:
-        """Add one line (flushed; not fsynced: a lost line costs a point of a plot)."""
+        """Add one line (not synced to disk locally: a lost line costs a point of a plot)."""
         line = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
         try:
-            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
-                os.replace(self.path, self.rotated)
-            with open(self.path, "ab") as file:
-                file.write(line)
-        except OSError as exc:
-            raise MonitoringError(f"cannot write the batch log {self.path}: {exc}") from None
+            if not self._number:
+                self._resume()
+            if self._segment and len(self._segment) + len(line) > self.segment_bytes:
+                self._next_segment()
+            self._segment += line
+            self.log.write(self._name(self._number), bytes(self._segment), durable=False)
+        except StorageError as exc:
+            raise MonitoringError(f"cannot write the batch log: {exc}") from None
 
     def read(self, since: datetime | None = None) -> list[BatchRecord]:
         """The records (oldest first), those at or after `since` if given."""
-        records = [r for p in (self.rotated, self.path) for r in self._read_file(p)]
+        try:
+            segments = self._segments()
+            records = [r for _, name in segments for r in self._read_segment(name)]
+        except StorageError as exc:
+            raise MonitoringError(f"cannot read the batch log: {exc}") from None
         return records if since is None else [r for r in records if r.time >= since]
 
-    def _read_file(self, path: Path) -> list[BatchRecord]:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+    def _read_segment(self, name: str) -> list[BatchRecord]:
+        data = self.log.read(name)
+        if data is None:  # removed by the writer since the listing
             return []
-        except OSError as exc:
-            raise MonitoringError(f"cannot read the batch log {path}: {exc}") from None
         records = []
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written comes later
+        # A line cut short (by a writer that died mid-append: not this one) is not read.
+        complete = data[: data.rfind(b"\n") + 1]
         for number, line in enumerate(complete.splitlines(), 1):
             try:
                 records.append(BatchRecord.from_json(json.loads(line)))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitoringError(
-                    f"{path}: line {number} is not a batch record: {type(exc).__name__}: {exc}"
+                    f"{self.log.location(name)}: line {number} is not a batch record: "
+                    f"{type(exc).__name__}: {exc}"
                 ) from None
         return records

@@ -12,12 +12,16 @@ slot.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-__all__ = ["LagReport", "current_lag", "read_lag", "write_lag"]
+from pgcdc.errors import StorageError
+from pgcdc.storage import FileIO
+
+__all__ = ["LAG_FILE", "LagReport", "current_lag", "read_lag", "write_lag"]
+
+#: The file of the pipeline's state the figure is in.
+LAG_FILE = "lag.json"
 
 #: A lag.json older than this is a stopped pipeline's.
 FRESH = timedelta(seconds=30)
@@ -32,19 +36,22 @@ class LagReport:
     bytes: int | None
 
 
-def write_lag(path: Path, report: LagReport) -> None:
+def write_lag(state: FileIO, report: LagReport) -> None:
+    """The figure into the pipeline's `state` (not synced to disk: the next comes soon)."""
     data = {"at": report.at.isoformat(), "seconds": report.seconds, "bytes": report.bytes}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    state.write(LAG_FILE, json.dumps(data).encode(), durable=False)
 
 
-def read_lag(path: Path) -> LagReport | None:
+def read_lag(state: FileIO) -> LagReport | None:
+    """The running pipeline's last figure (None: none, or it cannot be read: the status
+    then works it out from the server)."""
     try:
-        data = json.loads(path.read_text())
+        text = state.read(LAG_FILE)
+        if text is None:
+            return None
+        data = json.loads(text)
         return LagReport(datetime.fromisoformat(data["at"]), float(data["seconds"]), data["bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (StorageError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -18,6 +18,7 @@ from pgcdc.pipeline._driver import (
     PipelineFailed,
     PipelineStats,
     SlotLost,
+    check_storage,
     request_recopy,
 )
 from pgcdc.pipeline._quarantine import Quarantine
@@ -44,6 +45,7 @@ __all__ = [
     "TableProgress",
     "TableTarget",
     "Verdict",
+    "check_storage",
     "compare_history",
     "compare_mirror",
     "load_config",

@@ -33,11 +33,11 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pgcdc.errors import PgcdcError, PublicationNotFound
 from pgcdc.replication.slots import connect_sql
+from pgcdc.storage import FileIO
 
 __all__ = [
     "BindingError",
@@ -151,23 +151,29 @@ class _Recorded:
     membership: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _load(path: Path) -> _Recorded:
+#: The file of the pipeline's state the bindings are recorded in.
+TABLES_FILE = "tables.json"
+
+
+def _load(state: FileIO) -> _Recorded | None:
     """The recorded OIDs of the tables, of the leaf partitions of partitioned ones, and the
-    publications' catalog rows that publish each."""
-    if not path.exists():
-        return _Recorded()
+    publications' catalog rows that publish each (None: nothing recorded yet)."""
+    text = state.read(TABLES_FILE)
+    if text is None:
+        return None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
         return _Recorded(
             {str(k): int(v) for k, v in data["oids"].items()},
             {str(k): {int(o) for o in v} for k, v in data.get("leaves", {}).items()},
             {str(k): [str(m) for m in v] for k, v in data.get("membership", {}).items()},
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BindingError(f"{path}: unreadable table bindings ({exc})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        where = state.location(TABLES_FILE)
+        raise BindingError(f"{where}: unreadable table bindings ({exc})") from None
 
 
-def _save(path: Path, bindings: TableBindings, recorded: _Recorded) -> None:
+def _save(state: FileIO, bindings: TableBindings, recorded: _Recorded, exists: bool) -> None:
     def document(oids: Any, leaves: Any, membership: Any) -> str:
         leaves = {t: sorted(o) for t, o in leaves.items()}
         data = {"oids": oids, "leaves": leaves, "membership": membership}
@@ -179,12 +185,9 @@ def _save(path: Path, bindings: TableBindings, recorded: _Recorded) -> None:
         {**recorded.leaves, **bindings.leaves},
         {**recorded.membership, **bindings.membership},
     )
-    if after == before and path.exists():
+    if after == before and exists:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(after)
-    tmp.replace(path)
+    state.write(TABLES_FILE, after.encode())
 
 
 def _check_publications(conn: Any, pubs: list[str]) -> list[str]:
@@ -209,14 +212,16 @@ def inspect_tables(
     conninfo: str,
     publications: Iterable[str],
     tables: Iterable[str],
-    state_file: Path,
+    state: FileIO,
     bindings: TableBindings | None = None,
 ) -> tuple[TableBindings, list[TableEvent]]:
     """Resolve (first run) or check again every configured table against what was recorded
-    (``state_file``) or bound (`bindings`, while running): its OID, its partitions, its
-    membership in the publications. The bindings of now (recorded) and what happened
-    since (events; a table that cannot be bound at all raises `BindingError`)."""
-    recorded = _load(state_file)
+    (``tables.json`` in the pipeline's `state`) or bound (`bindings`, while running): its
+    OID, its partitions, its membership in the publications. The bindings of now (recorded)
+    and what happened since (events; a table that cannot be bound at all raises
+    `BindingError`)."""
+    loaded = _load(state)
+    recorded = _Recorded() if loaded is None else loaded
     if bindings is not None:  # while running: against what this run saw last
         recorded = _Recorded(
             {**recorded.oids, **bindings.oids},
@@ -236,7 +241,7 @@ def inspect_tables(
             event = _inspect(conn, table, pubs, published, membership_sql, recorded, now)
             if event is not None:
                 events.append(event)
-    _save(state_file, now, recorded)
+    _save(state, now, recorded, exists=loaded is not None)
     return now, events
 
 
@@ -319,11 +324,11 @@ def _inspect(
 
 
 def bind_tables(
-    conninfo: str, publications: Iterable[str], tables: Iterable[str], state_file: Path
+    conninfo: str, publications: Iterable[str], tables: Iterable[str], state: FileIO
 ) -> TableBindings:
     """The bindings at start; raises `BindingError` with the line of the first event that
     stops a pipeline (see `inspect_tables` for the others)."""
-    bindings, events = inspect_tables(conninfo, publications, tables, state_file)
+    bindings, events = inspect_tables(conninfo, publications, tables, state)
     for event in events:
         if not event.resync:
             raise BindingError(event.line)

@@ -23,13 +23,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +44,7 @@ from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
 from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.snapshot.relation import catalog_relation
+from pgcdc.storage import FileIO
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.targets.base import copy_watermark
 from pgcdc.targets.delta import CHUNK_KEY, POINT_KEY
@@ -173,7 +172,14 @@ def copy_chunk(task: _Task) -> dict[str, float]:
 
 
 class InitialCopy:
-    """Copies a pipeline's tables before its stream starts (see the module docstring)."""
+    """Copies a pipeline's tables before its stream starts (see the module docstring).
+
+    Its state is ``snapshot.json`` in the pipeline's `state`: the status, the slot, the
+    point and the chunks planned; a resync stages its copies as Delta tables under
+    ``resync/`` there."""
+
+    STATE_FILE = "snapshot.json"
+    STAGING = "resync"
 
     def __init__(
         self,
@@ -181,7 +187,7 @@ class InitialCopy:
         conninfo: str,
         slot: str,
         targets: dict[str, list[Target]],
-        state_path: str | Path,
+        state: FileIO,
         *,
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
         on_progress: Callable[[dict[str, TableProgress]], None] | None = None,
@@ -200,7 +206,7 @@ class InitialCopy:
         self.conninfo = conninfo
         self.slot = slot
         self.targets = targets
-        self.state_path = Path(state_path)
+        self.state = state
         self.chunk_blocks = chunk_blocks
         self.on_progress = on_progress
         self.progress: dict[str, TableProgress] = {}
@@ -215,29 +221,37 @@ class InitialCopy:
 
     # -- state -----------------------------------------------------------------------------
 
-    def _state(self) -> dict[str, Any] | None:
-        if not self.state_path.exists():
+    @classmethod
+    def read_state(cls, state: FileIO) -> dict[str, Any] | None:
+        """The copy's state kept in a pipeline's `state` (None: no copy was ever started)."""
+        text = state.read(cls.STATE_FILE)
+        if text is None:
             return None
-        return json.loads(self.state_path.read_text())
+        try:
+            data = json.loads(text)
+            str(data["status"])
+        except (ValueError, KeyError, TypeError) as exc:
+            where = state.location(cls.STATE_FILE)
+            raise PgcdcError(f"{where}: unreadable state of the initial copy ({exc})") from None
+        return dict(data)
+
+    def _state(self) -> dict[str, Any] | None:
+        return self.read_state(self.state)
 
     def _save(self, state: dict[str, Any]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.state_path)
+        self.state.write(self.STATE_FILE, json.dumps(state).encode())
 
     @property
     def status(self) -> str | None:
         """None (no copy was ever started), "creating" (the slot is being created: a slot of
         that name is this pipeline's), "copying" or "done"."""
-        return self.status_of(self.state_path)
+        return self.status_of(self.state)
 
-    @staticmethod
-    def status_of(state_path: Path) -> str | None:
-        """`status` of the copy whose state is at `state_path`."""
-        if not state_path.exists():
-            return None
-        return str(json.loads(state_path.read_text())["status"])
+    @classmethod
+    def status_of(cls, state: FileIO) -> str | None:
+        """`status` of the copy whose state is kept in `state`."""
+        data = cls.read_state(state)
+        return None if data is None else str(data["status"])
 
     # -- running ---------------------------------------------------------------------------
 
@@ -298,17 +312,15 @@ class InitialCopy:
         with contextlib.suppress(SlotNotFound):
             drop_slot(self.conninfo, self.slot, wait=True)
         if resync:  # the targets hold what the lost slot had brought: they stay
-            shutil.rmtree(self._staging_dir, ignore_errors=True)
+            self.state.delete_tree(self.STAGING)
         return self.start_fresh(resync=resync)  # (`_copy` empties the targets)
-
-    @property
-    def _staging_dir(self) -> Path:
-        return self.state_path.parent / "resync"
 
     def _staging(self, table: str) -> Target:
         """Where a resync copies `table` before its targets are reconciled with it."""
         app_id = self.targets[table][0].app_id
-        return open_target(TargetSpec(str(self._staging_dir / table), "mirror"), app_id=app_id)
+        where = self.state.location(f"{self.STAGING}/{table}")
+        spec = TargetSpec(where, "mirror", storage_options=self.state.storage_options)
+        return open_target(spec, app_id=app_id)
 
     def _finish(self, state: dict[str, Any], copied: set[str]) -> None:
         """The copied tables' targets take over from the point (after a resync, reconciled
@@ -321,7 +333,7 @@ class InitialCopy:
             else:
                 for target in self.targets[table]:
                     target.mark(copy_watermark(point))
-        shutil.rmtree(self._staging_dir, ignore_errors=True)
+        self.state.delete_tree(self.STAGING)
         state["status"] = "done"
         self._save(state)
 
@@ -360,7 +372,7 @@ class InitialCopy:
         for table in copied:
             if resync:
                 self._reconcile(table, point, keep_missing=table in keep)
-                shutil.rmtree(self._staging_dir / table, ignore_errors=True)
+                self.state.delete_tree(f"{self.STAGING}/{table}")
             else:
                 for target in self.targets[table]:
                     target.mark(copy_watermark(point))

@@ -14,20 +14,19 @@ watermarks are the record of what is done.
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import PgcdcError, SlotNotFound
+from pgcdc.errors import PgcdcError, SlotNotFound, StorageError
 from pgcdc.monitoring import (
+    BATCH_LOG,
     BatchLog,
     BatchRecord,
     LagReport,
@@ -78,6 +77,7 @@ from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._session import Spooler
 from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir
+from pgcdc.storage import FileIO, open_file_io
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeCatalog
 
@@ -170,13 +170,15 @@ class Pipeline:
         for spec in config.targets():
             self.targets.setdefault(spec.table, []).append((spec, self._open(spec)))
         self.stats = PipelineStats()
+        #: Where the pipeline keeps its state (`state_io`: a directory or an object store).
+        self.state = state_io(config)
         #: What the pipeline knows of its slot (`pgcdc.pipeline._lineage`).
-        self.lineage = SlotLineage(Path(config.state_path) / "slot.json")
+        self.lineage = SlotLineage(self.state)
         #: The start's decision (`prepare`), and what happened to the slot, for messages.
         self.decision: Decision | None = None
         self._what_happened = ""
         self.bindings: TableBindings | None = None
-        self.quarantine = Quarantine(Path(config.state_path) / "quarantine.json")
+        self.quarantine = Quarantine(self.state)
         #: What `watch_wal` last found wrong with the slot's retained WAL (None: nothing).
         self.wal_warning: str | None = None
         self._wal_checked = float("-inf")
@@ -196,7 +198,7 @@ class Pipeline:
         self._stopping = threading.Event()
         self._relations: dict[bytes, Relation] = {}
         self.spooler: Spooler | None = None
-        self.batch_log = BatchLog(Path(config.state_path) / "batches.jsonl")
+        self.batch_log = BatchLog(self.state.child(BATCH_LOG))
         #: The Prometheus endpoint, while `run` runs with ``[metrics] port`` set.
         self.metrics: PipelineMetrics | None = None
 
@@ -285,6 +287,7 @@ class Pipeline:
                     leaves=frozenset(bindings.leaves.get(table, ())),
                     pending_log=self._pending_path(table),
                     pending=table in self.pending,
+                    storage_options=self.state.storage_options,
                     changes=sum(r.changes for r in found),
                 )
             )
@@ -402,7 +405,7 @@ class Pipeline:
                 self.config.conninfo,
                 self.config.publications,
                 self.targets,
-                Path(self.config.state_path) / "tables.json",
+                self.state,
             )
             for event in events:
                 if not event.resync:
@@ -425,7 +428,7 @@ class Pipeline:
             self.config.conninfo,
             self.config.publications,
             self.targets,
-            Path(self.config.state_path) / "tables.json",
+            self.state,
             self.bind(),
         )
         for table, routes in self.bind().routes.items():  # partitions bound on the way
@@ -496,7 +499,7 @@ class Pipeline:
             config.conninfo,
             config.slot,
             {table: [t for _, t in targets] for table, targets in self.targets.items()},
-            Path(config.state_path) / "snapshot.json",
+            self.state,
             chunk_blocks=config.chunk_blocks,
             on_progress=progress,
             source_names=self.bind().current_names,
@@ -510,9 +513,7 @@ class Pipeline:
         """What to do at start (`pgcdc.pipeline._startup`): refuses with one line when the
         slot cannot feed the targets. Needs no Spark."""
         config = self.config
-        copy = _COPY_STATES.get(
-            InitialCopy.status_of(self._snapshot_path) if config.snapshot else None
-        )
+        copy = _COPY_STATES.get(InitialCopy.status_of(self.state) if config.snapshot else None)
         slot = _slot_or_none(config.conninfo, config.slot)
         with ReplicationConnection.connect(config.conninfo) as rconn:
             server = rconn.identify_system()
@@ -555,10 +556,6 @@ class Pipeline:
             raise (SlotNotFound if decision.refusal == "missing" else SlotLost)(line)
         self._what_happened = what
         return decision
-
-    @property
-    def _snapshot_path(self) -> Path:
-        return Path(self.config.state_path) / "snapshot.json"
 
     def _check_failover(self) -> None:
         """``failover = true``: the slot is made a failover slot if it is not one (17+), or
@@ -627,7 +624,7 @@ class Pipeline:
         for table, ready in marked.items():
             if table in waiting | set_aside | resync:
                 self.pending.add(table)
-            elif ready and Path(self._pending_path(table)).exists():
+            elif ready and self.state.exists(_pending_name(table)):
                 self._drain(table)  # a crash came after the copy, before the drain ended
         if waiting:
             self._copy_later(sorted(waiting), resync=False)
@@ -653,7 +650,8 @@ class Pipeline:
         return identity.systemid, identity.timeline
 
     def _pending_path(self, table: str) -> str:
-        return str(Path(self.config.state_path) / "pending" / table)
+        """Where the table's pending change log is (a Delta table in the state)."""
+        return self.state.location(_pending_name(table))
 
     def _copy_online(self, tables: list[str], resync: bool) -> None:
         keep = frozenset(t for t in tables if self.config.on_detach.get(t) == "keep")
@@ -678,7 +676,9 @@ class Pipeline:
     def _drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip
         what the copy already holds), then forget the pending log."""
-        log = TargetSpec(self._pending_path(table), "changelog")
+        log = TargetSpec(
+            self._pending_path(table), "changelog", storage_options=self.state.storage_options
+        )
         pending = open_target(log, app_id=self.config.app_id)
         if pending.exists:
             rows = pending.to_arrow()
@@ -688,7 +688,7 @@ class Pipeline:
                 self.types.describe(o for o in oids if o is not None)
             for spec, _ in self.targets[table]:
                 self._open(spec).apply(rows)
-        shutil.rmtree(self._pending_path(table), ignore_errors=True)
+        self.state.delete_tree(_pending_name(table))
         self.pending.discard(table)
         self.quarantine.lift(table)
 
@@ -774,6 +774,7 @@ class Pipeline:
             config.publications,
             create_slot=config.create_slot or config.recover_lost_slot,
         )
+        check_storage(self.config)
         self.decision = self._decide()
         self.bind()
         self._check_failover()
@@ -868,7 +869,7 @@ class Pipeline:
         if oldest is None and not server:  # still receiving: the last batch's figure
             return None
         report = LagReport(at, seconds, behind)
-        write_lag(Path(self.config.state_path) / "lag.json", report)
+        write_lag(self.state, report)
         if self.metrics is not None:
             self.metrics.set_lag(report)
         return report
@@ -923,14 +924,36 @@ def request_recopy(config: PipelineConfig, table: str) -> list[str]:
     if table not in config.tables:
         raise PgcdcError(f"{table} is not a table of pipeline {config.name!r}")
     paths = [spec.path for spec in config.targets() if spec.table == table]
-    remote = [p for p in paths if "://" in p]
-    if remote:
-        raise PgcdcError(f"{remote[0]}: recopy removes local targets only")
-    Quarantine(Path(config.state_path) / "quarantine.json").request_recopy(table)
+    check_storage(config)
+    Quarantine(state_io(config)).request_recopy(table)
     forget_open_targets()
     for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
+        open_file_io(path, config.storage_options).delete_tree()
     return paths
+
+
+def state_io(config: PipelineConfig) -> FileIO:
+    """Where the pipeline keeps its state (``[target] state``: a directory, or an object
+    store's URI opened with the targets' storage options)."""
+    return open_file_io(config.state_path, config.storage_options)
+
+
+def check_storage(config: PipelineConfig) -> None:
+    """Raise `StorageError` (one line naming the setting, the location and the store's
+    reason) when the targets' root or the state cannot be used: before anything starts."""
+    for setting, location in (
+        ("target.path", config.target_path),
+        ("target.state", config.state_path),
+    ):
+        try:
+            open_file_io(location, config.storage_options).check()
+        except StorageError as exc:
+            raise StorageError(f"{setting} {exc}") from None
+
+
+def _pending_name(table: str) -> str:
+    """The pending change log of `table` in the pipeline's state (a Delta table)."""
+    return f"pending/{table}"
 
 
 def _slot_or_none(conninfo: str, slot: str) -> SlotInfo | None:

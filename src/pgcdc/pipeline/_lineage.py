@@ -6,22 +6,24 @@ same name confirmed past the record was created anew or moved by someone else.""
 from __future__ import annotations
 
 import json
-import os
 import threading
-from pathlib import Path
 
 from pgcdc.errors import PgcdcError
 from pgcdc.pipeline._startup import SlotRecord
 from pgcdc.protocol import Lsn
+from pgcdc.storage import FileIO
 
 __all__ = ["SlotLineage"]
 
 
 class SlotLineage:
-    """Reads and writes ``slot.json`` (thread-safe: the replication thread advances it)."""
+    """Reads and writes ``slot.json`` in the pipeline's state (thread-safe: the replication
+    thread advances it)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    NAME = "slot.json"
+
+    def __init__(self, state: FileIO) -> None:
+        self.state = state
         self._lock = threading.Lock()
         self._record: SlotRecord | None = None
         self._loaded = False
@@ -33,17 +35,19 @@ class SlotLineage:
     def _load(self) -> SlotRecord | None:
         if not self._loaded:
             self._loaded = True
-            if self.path.exists():
+            text = self.state.read(self.NAME)
+            if text is not None:
                 try:
-                    data = json.loads(self.path.read_text())
+                    data = json.loads(text)
                     self._record = SlotRecord(
                         str(data["slot"]),
                         data.get("system"),
                         data.get("timeline"),
                         Lsn.parse(data["confirmed"]),
                     )
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    raise PgcdcError(f"{self.path}: unreadable slot record ({exc})") from None
+                except (ValueError, KeyError, TypeError) as exc:
+                    where = self.state.location(self.NAME)
+                    raise PgcdcError(f"{where}: unreadable slot record ({exc})") from None
         return self._record
 
     def created(self, slot: str, system: str | None, timeline: int | None, point: Lsn) -> None:
@@ -72,22 +76,11 @@ class SlotLineage:
             self._save(SlotRecord(slot, system, timeline, Lsn(lsn)))
 
     def _save(self, record: SlotRecord) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {
             "slot": record.slot,
             "system": record.system,
             "timeline": record.timeline,
             "confirmed": str(record.confirmed),
         }
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as out:
-            out.write(json.dumps(data))
-            out.flush()
-            os.fsync(out.fileno())
-        tmp.replace(self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        self.state.write(self.NAME, json.dumps(data).encode())  # durable before the slot moves
         self._record = record

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
 
 from pgcdc.errors import PgcdcError
+from pgcdc.storage import FileIO
 
 __all__ = ["Quarantine", "QuarantineRecord"]
 
@@ -37,25 +37,36 @@ class QuarantineRecord:
 
 
 class Quarantine:
-    """The quarantine records of one pipeline (`path`: its quarantine.json)."""
+    """The quarantine records of one pipeline (``quarantine.json`` in its `state`), read
+    once and then kept: a pipeline's state has one writer (a running pipeline, or `pgcdc
+    recopy` while it is stopped), and the running view asks for them twice a second."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    NAME = "quarantine.json"
+
+    def __init__(self, state: FileIO) -> None:
+        self.state = state
+        self._records: dict[str, QuarantineRecord] | None = None
 
     def records(self) -> dict[str, QuarantineRecord]:
-        if not self.path.exists():
+        if self._records is None:
+            self._records = self._load()
+        return dict(self._records)
+
+    def _load(self) -> dict[str, QuarantineRecord]:
+        text = self.state.read(self.NAME)
+        if text is None:
             return {}
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(text)
             return {table: QuarantineRecord(**record) for table, record in data.items()}
-        except (OSError, ValueError, TypeError) as exc:
-            raise PgcdcError(f"{self.path}: unreadable quarantine records ({exc})") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            where = self.state.location(self.NAME)
+            raise PgcdcError(f"{where}: unreadable quarantine records ({exc})") from None
 
     def _save(self, records: dict[str, QuarantineRecord]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({t: asdict(r) for t, r in records.items()}, indent=1))
-        tmp.replace(self.path)
+        data = json.dumps({t: asdict(r) for t, r in records.items()}, indent=1)
+        self.state.write(self.NAME, data.encode())
+        self._records = dict(records)
 
     def add(self, table: str, reason: str, since: str) -> None:
         records = self.records()

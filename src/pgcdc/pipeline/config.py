@@ -25,7 +25,7 @@ path = "lake"                      # <path>/<schema>.<table>[__history|__changel
 on_error = "stop"                  # a change a table cannot take: "stop" or "quarantine"
 # state = "state"                  # the pipeline's own state (default <path>/_pgcdc/<name>)
 # [target.storage_options]         # for an object store: delta-rs's options, e.g.
-# AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake" (state must then be given)
+# AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake", state = "s3://bucket/state"
 # [target.table_properties]        # Delta table properties over pgcdc's, e.g.
 # "delta.deletedFileRetentionDuration" = "interval 7 days"
 
@@ -46,8 +46,10 @@ port = 9187                        # Prometheus metrics at http://127.0.0.1:9187
 ```
 
 Paths are relative to the configuration file's directory. The pipeline keeps its state in
-``<path>/_pgcdc/<name>/`` (or `state`). Targets on an object store (``s3://``, ``abfss://``,
-``gs://``) take delta-rs's `storage_options`; the spool (the driver writes it, Spark tasks
+``<path>/_pgcdc/<name>/`` (or `state`: a directory, or a URI). Targets on an object store
+(``s3://``, ``az://``, ``abfss://``, ``gs://``) take delta-rs's `storage_options`, and so does
+a state on one (`pgcdc.storage`); with targets on an object store `state` must be given (a
+local directory or a URI: it is never guessed). The spool (the driver writes it, Spark tasks
 read it) must then be a directory every executor reads (`spool_dir`: NFS, EFS, a DBFS mount).
 ``interval`` is a number of seconds or a text such as
 ``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
@@ -78,6 +80,7 @@ from typing import Any
 from pgcdc.errors import InvalidConninfo, PgcdcError
 from pgcdc.replication.connection import parse_conninfo
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
+from pgcdc.storage import is_object_store, join_location
 from pgcdc.targets.base import Mode, TargetSpec
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
@@ -182,21 +185,9 @@ class PipelineConfig:
         properties = self.table_properties or None
         for table, modes in self.tables.items():
             for mode in modes:
-                path = join_path(self.target_path, f"{table}{_SUFFIX[mode]}")
+                path = join_location(self.target_path, f"{table}{_SUFFIX[mode]}")
                 out.append(TableTarget(table, mode, path, options, properties))  # type: ignore[arg-type]
         return out
-
-
-def is_uri(path: str) -> bool:
-    """A URI of an object store (``s3://``, ``abfss://``, ``gs://``…), not a local path."""
-    return "://" in path and not path.startswith("file://")
-
-
-def join_path(base: str, name: str) -> str:
-    """`base` / `name` for a local path or a URI alike."""
-    if "://" in base:
-        return base.rstrip("/") + "/" + name
-    return str(Path(base) / name)
 
 
 #: Every key the configuration knows, per section ("" is the top level): a misspelt key is
@@ -418,10 +409,11 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     state = target.get("state")
     if state is not None and (not isinstance(state, str) or not state):
         raise ConfigError("target.state must be a directory (a string)")
-    if state is None and is_uri(given_path):
+    if state is None and is_object_store(given_path):
         raise ConfigError(
-            f"target.path {given_path} is an object store: give target.state, a local (or "
-            "mounted) directory for the pipeline's state"
+            f"target.path {given_path} is an object store: give target.state, where the "
+            "pipeline keeps its state: a local directory or a URI on the store (e.g. "
+            f"{join_location(given_path, '_pgcdc/' + str(data.get('name', 'pipeline')))})"
         )
     storage = _section(target, "storage_options")
     properties = _section(target, "table_properties")
@@ -468,7 +460,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         else parse_size(max_wal, "source.max_retained_wal"),
         storage_options={str(k): str(v) for k, v in storage.items()},
         table_properties={str(k): str(v) for k, v in properties.items()},
-        state=None if state is None else str(base / state),
+        state=None if state is None else state if "://" in state else str(base / state),
         spool_dir=_optional_path(source, "spool_dir", base),
         metrics_port=None if metrics.get("port") is None else _port(metrics["port"]),
         metrics_host=str(metrics.get("host", "127.0.0.1")),

@@ -3,8 +3,9 @@
 Streaming (``spark.readStream.format("pgoutput")``): the driver's data source process keeps
 one replication session (`Spooler`) that writes committed transactions to a spool directory;
 an offset is ``{"lsn": "X/Y"}``, the end LSN of the last transaction in the batch, so a batch
-always ends on a transaction boundary. Executors read the batch's spool ranges and build the
-envelope in parallel. The slot is confirmed only in `commit`, after Spark committed the batch;
+always ends on a transaction boundary. Each partition carries its spool ranges' bytes (read
+where the session runs), and executors build the envelope from them in parallel: they need
+no access to the spool. The slot is confirmed only in `commit`, after Spark committed the batch;
 restarting from a checkpoint resumes exactly, because the slot still holds everything after the
 last committed batch. Admission control: ``maxChangesPerBatch`` and ``maxBytesPerBatch``
 (whole transactions, at least one per batch); ``Trigger.AvailableNow`` reads up to the
@@ -16,7 +17,7 @@ Batch (``spark.read.format("pgoutput")``): the slot's pending changes (optionall
 
 Options: ``conninfo`` (libpq string or URI), ``slot``, ``publication`` (comma-separated),
 ``createSlot`` (create the slot when missing), ``maxChangesPerBatch``, ``maxBytesPerBatch``,
-``spoolDir`` (default: under the temp directory; on a cluster, storage every executor reads),
+``spoolDir`` (default: under the temp directory of the process that holds the session),
 ``partitionBytes`` (target size of one task's spool range, default 16 MB), ``streaming``
 (``on``/``off``: how the server sends large transactions, default on where supported),
 ``messages`` (include logical decoding messages), ``statusInterval`` (seconds), and for batch
@@ -61,7 +62,7 @@ from pgcdc.replication.slots import connect_sql, create_slot, get_slot
 from pgcdc.replication.sql_transport import SqlTransport
 from pgcdc.spark.envelope import ENVELOPE_SCHEMA
 from pgcdc.spool._session import Spooler, SpoolWriter
-from pgcdc.spool._spool import Spool, SpoolRange, default_spool_dir, read_envelope
+from pgcdc.spool._spool import Spool, SpoolRange, default_spool_dir, load_ranges, read_envelope
 
 __all__ = ["PgoutputDataSource", "SourceOptions", "register"]
 
@@ -170,7 +171,7 @@ class PgoutputDataSource(DataSource):
 
 
 class SpoolPartition(InputPartition):
-    def __init__(self, ranges: list[SpoolRange]) -> None:
+    def __init__(self, ranges: tuple[SpoolRange, ...]) -> None:
         super().__init__(ranges)
         self.ranges = ranges
 
@@ -303,10 +304,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for spool_range in ranges:  # tasks of about partitionBytes
                 current.append(spool_range)
                 if sum(r.length for r in current) >= self.options.partition_bytes:
-                    partitions.append(SpoolPartition(current))
+                    partitions.append(SpoolPartition(load_ranges(current)))
                     current = []
             if current:
-                partitions.append(SpoolPartition(current))
+                partitions.append(SpoolPartition(load_ranges(current)))
         return partitions
 
     def commit(self, end: dict) -> None:

@@ -2,7 +2,8 @@
 
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
-Spark job whose tasks read the spool, build the envelope a column at a time and apply every
+Spark job (a small batch: threads of the driver) whose tasks get their tables' change bytes
+from the spool with their work, build the envelope a column at a time and apply every
 configured table to its targets in parallel (`pgcdc.pipeline._work`). Every target commits its
 data together with the batch's highest commit LSN, so a batch replayed after a crash changes
 nothing. Only when every table of a batch is applied does the slot move past it (the
@@ -76,7 +77,7 @@ from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slo
 from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._session import Spooler
-from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir
+from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir, load_ranges
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeCatalog
 
@@ -213,14 +214,21 @@ class Pipeline:
 
     @property
     def dispatcher(self) -> Dispatcher:
-        """Where the work runs: the dispatcher given, or Spark tasks on the session given (a
-        local one, started on first use: `prepare`) through `pgcdc.spark.SparkDispatcher`."""
+        """Where the work runs: the dispatcher given, or Spark tasks on the session given (or
+        the one ``[spark]`` describes, started on first use: `prepare`) through
+        `pgcdc.spark.dispatch.SparkDispatcher`."""
         if self._dispatcher is None:
             from pgcdc.spark.dispatch import SparkDispatcher
-            from pgcdc.spark.session import local_session
+            from pgcdc.spark.session import spark_session
 
             if self._spark is None:
-                self._spark = local_session(f"pgcdc-{self.config.name}")
+                config = self.config
+                self._spark = spark_session(
+                    f"pgcdc-{config.name}",
+                    master=config.spark_master,
+                    remote=config.spark_remote,
+                    conf=config.spark_conf,
+                )
             self._dispatcher = SparkDispatcher(self._spark)
         return self._dispatcher
 
@@ -259,7 +267,8 @@ class Pipeline:
 
     def plan_work(self, ranges: dict[int, list[SpoolRange]]) -> list[TableWork]:
         """One `TableWork` per configured table with changes in `ranges` (a batch's), its
-        column types resolved here (the answers go with the work)."""
+        column types resolved here and its changes read from the spool (the answers and the
+        bytes go with the work: executors cannot read the driver's disk)."""
         per_table: dict[str, list[SpoolRange]] = {}
         for relid, found in ranges.items():
             last = found[-1].versions[-1] if found and found[-1].versions else None
@@ -276,7 +285,7 @@ class Pipeline:
                 TableWork(
                     table,
                     tuple(s.spec for s, _ in self.targets[table]),
-                    tuple(found),
+                    load_ranges(found),
                     self.types.describe(oids),
                     self.config.app_id,
                     self.config.conninfo,
@@ -827,7 +836,10 @@ class Pipeline:
             self.watch_lag(applied)
             spooler.check()
             end, _ = spooler.spool.plan(
-                applied, max_changes=config.max_changes_per_batch, upto=target
+                applied,
+                max_changes=config.max_changes_per_batch,
+                max_bytes=config.max_bytes_per_batch,
+                upto=target,
             )
             if end == applied:
                 if target is not None and spooler.reached(target, after=applied):

@@ -124,7 +124,7 @@ def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None
 def test_the_example_configuration_parses() -> None:
     example = load_config(Path(__file__).parents[2] / "examples" / "pipeline.toml")
     assert example.max_retained_wal == 1024**3
-    assert example.max_bytes_per_batch == config().max_bytes_per_batch == 96 * 1024**2
+    assert example.max_bytes_per_batch == config().max_bytes_per_batch == 64 * 1024**2
     assert set(example.on_error.values()) == {"stop"}
     assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None
 

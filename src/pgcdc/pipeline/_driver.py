@@ -2,9 +2,10 @@
 
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
-Spark job (a small batch: threads of the driver) whose tasks get their tables' change bytes
-from the spool with their work, build the envelope a column at a time and apply every
-configured table to its targets in parallel (`pgcdc.pipeline._work`). Every target commits its
+Spark job (a small batch: threads of the driver) whose tasks read their tables' changes from
+the spool (on a cluster, or through Spark Connect: get them with their work), build the
+envelope a column at a time and apply every configured table to its targets in parallel
+(`pgcdc.pipeline._work`). Every target commits its
 data together with the batch's highest commit LSN, so a batch replayed after a crash changes
 nothing. Only when every table of a batch is applied does the slot move past it (the
 replication client's `Acknowledgement`); a crash anywhere loses nothing: the slot sends the
@@ -19,7 +20,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -267,8 +268,7 @@ class Pipeline:
 
     def plan_work(self, ranges: dict[int, list[SpoolRange]]) -> list[TableWork]:
         """One `TableWork` per configured table with changes in `ranges` (a batch's), its
-        column types resolved here and its changes read from the spool (the answers and the
-        bytes go with the work: executors cannot read the driver's disk)."""
+        column types resolved here (the answers go with the work)."""
         per_table: dict[str, list[SpoolRange]] = {}
         for relid, found in ranges.items():
             last = found[-1].versions[-1] if found and found[-1].versions else None
@@ -285,7 +285,7 @@ class Pipeline:
                 TableWork(
                     table,
                     tuple(s.spec for s, _ in self.targets[table]),
-                    load_ranges(found),
+                    tuple(found),
                     self.types.describe(oids),
                     self.config.app_id,
                     self.config.conninfo,
@@ -301,11 +301,15 @@ class Pipeline:
 
     def _run_tasks(self, works: list[TableWork]) -> list[TableOutcome]:
         """The batch's tables applied: by the driver itself when the batch is small (a
-        Spark job's set-up would cost more), else by a Spark job."""
+        Spark job's set-up would cost more), else by a Spark job. Tasks that do not run on
+        this machine (a cluster's, a Spark Connect server's) get the tables' changes read
+        from the spool into their work: only the driver can read it."""
         if not works:
             return []
         small = sum(w.changes for w in works) <= self.config.inline_max_changes
         dispatcher = self._inline if small else self.dispatcher
+        if not dispatcher.same_host:
+            works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
         groups = group_work(works, dispatcher.parallelism)
         try:
             results = dispatcher.map(apply_tables, groups)

@@ -31,7 +31,7 @@ on_error = "stop"                  # a change a table cannot take: "stop" or "qu
 available_now = false              # true: catch up, then stop
 interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
-max_bytes_per_batch = "96MB"       # of spooled changes: they travel inside Spark's tasks
+max_bytes_per_batch = "64MB"       # of spooled changes (on a cluster: inside Spark's tasks)
 inline_max_changes = 50000         # a batch this small is applied by the driver, not Spark
 
 [spark]                            # where the work runs; default: local[*] in this process
@@ -52,13 +52,15 @@ port = 9187                        # Prometheus metrics at http://127.0.0.1:9187
 
 Paths are relative to the configuration file's directory. The pipeline keeps its state in
 ``<path>/_pgcdc/<name>/`` (or `state`). Targets on an object store (``s3://``, ``abfss://``,
-``gs://``) take delta-rs's `storage_options`. The spool is the driver's alone: a batch's
-change bytes travel to the Spark tasks inside their work items, and the copy's tasks read
+``gs://``) take delta-rs's `storage_options`. The spool is the driver's alone: tasks on its
+machine (``local[*]``) read it, tasks elsewhere (a cluster's executors, a Spark Connect
+server's) get a batch's change bytes inside their work items, and the copy's tasks read
 PostgreSQL themselves, so executors share no filesystem with the driver (they need the
 targets' storage and the source's conninfo). A Spark task cannot be larger than
-``spark.rpc.message.maxSize`` (128 MiB unless set), so a batch holds at most
-``max_bytes_per_batch`` of spooled changes (whole transactions: a single larger one is a batch
-of its own, and needs that setting raised, up to 2047 MiB, on a cluster).
+``spark.rpc.message.maxSize`` (128 MiB unless set), and the driver's heap holds a few copies
+of a batch's bytes while its job starts, so a batch holds at most ``max_bytes_per_batch`` of
+spooled changes (whole transactions: a single larger one is a batch of its own, and needs
+that setting, and the driver's memory, raised on a cluster).
 
 ``[spark]`` says where the work runs: ``master`` for a classic session whose driver is the
 ``pgcdc run`` process (``local[*]`` by default), or ``remote`` for a Spark Connect server
@@ -140,8 +142,9 @@ class PipelineConfig:
     interval_seconds: float = 0.5
     max_changes_per_batch: int | None = 1_000_000
     #: At most this many bytes of spooled changes per batch (whole transactions, at least
-    #: one): a batch's changes travel inside its Spark tasks, which Spark bounds in size.
-    max_bytes_per_batch: int = 96 * 1024**2
+    #: one): on a cluster a batch's changes travel inside its Spark tasks, which Spark
+    #: bounds in size.
+    max_bytes_per_batch: int = 64 * 1024**2
     #: A batch of at most this many changes is applied by the driver itself (threads, the
     #: targets kept open), not by a Spark job: a job's set-up would cost more than the
     #: batch. 0: every batch is a Spark job.
@@ -519,7 +522,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         interval_seconds=parse_interval(trigger.get("interval", 0.5), "trigger.interval"),
         max_changes_per_batch=max_changes,
         max_bytes_per_batch=parse_size(
-            trigger.get("max_bytes_per_batch", 96 * 1024**2), "trigger.max_bytes_per_batch"
+            trigger.get("max_bytes_per_batch", 64 * 1024**2), "trigger.max_bytes_per_batch"
         ),
         inline_max_changes=_count(
             trigger.get("inline_max_changes", 50_000), "trigger.inline_max_changes"

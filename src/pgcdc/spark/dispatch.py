@@ -2,12 +2,18 @@
 classic and Spark Connect sessions.
 
 `SparkDispatcher.map(function, items)` makes a small DataFrame of work items, one row each
-(``index``, ``item``: the item pickled, so a batch's change bytes travel inside it), maps it
-with ``mapInArrow`` and collects one outcome row per item (``index``, ``outcome`` pickled,
-``error``). Only DataFrame operations are used: no SparkContext, RDD or accumulator, none of
-which exists under Spark Connect. A DataFrame made from local data is split into at most
-`parallelism` partitions, so up to that many items run in tasks of their own; more are cut
-into `parallelism` runs of consecutive items.
+(``index``, ``item``: the item pickled, with what the work needs: on a cluster or through
+Spark Connect, a batch's change bytes), maps it with ``mapInArrow`` and collects one outcome
+row per item (``index``, ``outcome`` pickled, ``error``). Only DataFrame operations are
+used: no SparkContext, RDD or accumulator, none of which exists under Spark Connect. A
+DataFrame made from local data is split into at most `parallelism` partitions, so up to that
+many items run in tasks of their own; more are cut into `parallelism` runs of consecutive
+items. `same_host`: a classic session on a local master runs its tasks on this machine.
+
+Large items are slow on this path (every byte crosses the JVM: about 30-40 MB/s a task on a
+loaded 2-core machine) and weigh on the driver's heap (several copies while a job starts),
+which is why a batch's bytes travel only to tasks on other machines, and a batch holds at
+most ``max_bytes_per_batch`` of them.
 
 `function` is pickled by reference (a module-level function of pgcdc): executors import it,
 and what its module keeps (targets left open) lives as long as Spark reuses the Python
@@ -30,7 +36,7 @@ from pgcdc.errors import PgcdcError
 from pgcdc.pipeline._dispatch import DispatchError
 from pgcdc.spark.session import error_line
 
-__all__ = ["SparkDispatcher", "default_parallelism", "failure_line"]
+__all__ = ["SparkDispatcher", "default_parallelism", "failure_line", "is_connect"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -50,6 +56,11 @@ def default_parallelism(spark: Any) -> int:
 
     ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("id"))
     return max(1, int(ids.agg(F.max("id").alias("last")).first()["last"]) + 1)
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (its driver is the server's)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def failure_line(exc: BaseException) -> str:
@@ -97,6 +108,15 @@ class SparkDispatcher:
     def __init__(self, spark: Any, parallelism: int | None = None) -> None:
         self.spark = spark
         self._parallelism = parallelism
+        #: A classic session on a local master: its tasks run in processes of this machine.
+        #: (A Spark Connect server may be anywhere, whatever master it runs.)
+        self._same_host = not is_connect(spark) and spark.conf.get("spark.master").startswith(
+            "local"
+        )
+
+    @property
+    def same_host(self) -> bool:
+        return self._same_host
 
     @property
     def parallelism(self) -> int:

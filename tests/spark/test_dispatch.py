@@ -23,8 +23,18 @@ def dispatcher(spark: Any) -> SparkDispatcher:
     return SparkDispatcher(spark)
 
 
-def test_the_default_parallelism_is_asked_with_a_query(spark: Any) -> None:
+def test_the_default_parallelism(spark: Any) -> None:
+    """Read from a local master, else asked with a query (a Spark Connect session's way)."""
     assert default_parallelism(spark) == spark.sparkContext.defaultParallelism == 2
+
+    class Remote:
+        """The session as a Spark Connect one would answer (no master to read)."""
+
+        def __init__(self) -> None:
+            self.range = spark.range
+
+    Remote.__module__ = "pyspark.sql.connect.session"
+    assert default_parallelism(Remote()) == 2
     assert SparkDispatcher(spark).same_host  # local[2]: tasks may read the driver's files
 
 

@@ -26,7 +26,9 @@ same `DispatchError`.
 from __future__ import annotations
 
 import functools
+import os
 import pickle
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -48,12 +50,22 @@ OUTCOME_SCHEMA = pa.schema(
 _OUTCOME_DDL = "index long, outcome binary, error string"
 
 
+#: A local master: ``local``, ``local[N]``, ``local[*]``, with failures allowed or not.
+_LOCAL = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+
+
 def default_parallelism(spark: Any) -> int:
-    """How many tasks `spark` runs at once: the partitions of a range it is not told how to
-    split (Spark's default parallelism, ``spark.default.parallelism`` when set), asked with a
-    query because a Spark Connect session has no SparkContext to tell it."""
+    """How many tasks `spark` runs at once: Spark's default parallelism. A local master says
+    it (unless ``spark.default.parallelism`` does); otherwise it is the partitions of a range
+    Spark is not told how to split, asked with a query, since a Spark Connect session has no
+    SparkContext to tell it."""
     from pyspark.sql import functions as F
 
+    if not is_connect(spark) and spark.conf.get("spark.default.parallelism", None) is None:
+        local = _LOCAL.fullmatch(spark.conf.get("spark.master"))
+        if local is not None:
+            cores = local.group(1) or "1"
+            return (os.cpu_count() or 1) if cores == "*" else max(1, int(cores))
     ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("id"))
     return max(1, int(ids.agg(F.max("id").alias("last")).first()["last"]) + 1)
 

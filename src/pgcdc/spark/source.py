@@ -79,6 +79,13 @@ def get_server_version(conninfo: str) -> int:
         return conn.info.server_version
 
 
+def _server_lsn(conninfo: str) -> Lsn:
+    with connect_sql(conninfo) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
 def register(spark: Any) -> None:
     """Make ``format("pgoutput")`` available in `spark`."""
     spark.dataSource.register(PgoutputDataSource)
@@ -185,9 +192,18 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._spooler: Spooler | None = None
         self._target: Lsn | None = None
         self._catalog: Catalog | None = None
+        #: The server's WAL position when the session started, until the first batch that
+        #: waited for it was planned (`_settle`).
+        self._opened_at: Lsn | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_spooler": None, "_target": None, "_catalog": None}
+        return {
+            "options": self.options,
+            "_spooler": None,
+            "_target": None,
+            "_catalog": None,
+            "_opened_at": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -229,6 +245,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
             self._catalog = Catalog(options.conninfo)
             identities = ColumnIdentities(self._catalog, options.publications)
+            self._opened_at = _server_lsn(options.conninfo)
             self._spooler = Spooler(
                 options.conninfo,
                 options.slot,
@@ -251,10 +268,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with connect_sql(self.options.conninfo) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        self._target = Lsn.parse(row[0])
+        self._target = _server_lsn(self.options.conninfo)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         spooler = self._session()
@@ -275,10 +289,35 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_changes = limit.max_rows
             elif isinstance(limit, ReadMaxBytes):
                 max_bytes = limit.max_bytes
+        if target is None:
+            self._settle(spooler, start_lsn, max_changes, max_bytes)
         end, _ = spooler.spool.plan(
             start_lsn, max_changes=max_changes, max_bytes=max_bytes, upto=self._target
         )
         return {"lsn": str(end)}
+
+    def _settle(
+        self, spooler: Spooler, start: Lsn, max_changes: int | None, max_bytes: int | None
+    ) -> None:
+        """The first batch of a session that just started waits until it has spooled what
+        committed before it started, or a full batch: Spark may ask for one batch only (a
+        run of a declarative pipeline, a once trigger: Python sources have no available-now
+        there), which must not be whatever arrived in the session's first moments."""
+        opened_at, self._opened_at = self._opened_at, None
+        if opened_at is None:
+            return
+        deadline = time.monotonic() + _REDELIVERY_TIMEOUT
+        spool = spooler.spool
+        while not spooler.wait_for(opened_at, 0.5):
+            _, changes = spool.plan(start, max_changes=max_changes)
+            full = max_changes is not None and changes >= max_changes
+            if full or spool.bytes_held >= min(max_bytes or spool.max_bytes, spool.max_bytes):
+                return
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    f"slot {self.options.slot!r}: the server did not send up to {opened_at} "
+                    f"within {_REDELIVERY_TIMEOUT:.0f} s"
+                )
 
     def reportLatestOffset(self) -> dict | None:
         if self._spooler is None:

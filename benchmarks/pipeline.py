@@ -80,6 +80,10 @@ How to run (from the repository root)
     .venv/bin/python benchmarks/pipeline.py                    # 2.5 M changes + 60 s live
     .venv/bin/python benchmarks/pipeline.py --only freshness --rate 10000
     .venv/bin/python benchmarks/pipeline.py --only many-tables --rows 300000
+    .venv/bin/python benchmarks/pipeline.py --only throughput --master spark://127.0.0.1:7077 \
+        --conf spark.driver.host=127.0.0.1 --conf spark.executor.memory=1g
+        (a standalone cluster: its tasks get each batch's changes inside their work; the
+        lake, in a temporary directory here, must be one the workers see)
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ from pgcdc.pipeline import BatchReport, Pipeline
 from pgcdc.pipeline.config import PipelineConfig, parse_config
 from pgcdc.pipeline.verify import compare_mirror
 from pgcdc.protocol import Lsn, datetime_to_pg_timestamp
-from pgcdc.spark.session import local_session
+from pgcdc.spark.session import classic_session, local_session
 from pgcdc.targets import DeltaTarget
 
 SCHEMA = "CREATE TABLE {table} (id bigint PRIMARY KEY, n int, t text, ts timestamptz, amt numeric)"
@@ -781,6 +785,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pg-version", type=int, default=18, help="PostgreSQL major (18)")
     parser.add_argument("--cores", default="*", help="Spark's local[cores] (*)")
     parser.add_argument(
+        "--master",
+        help="a classic session on this master (spark://host:7077) instead of local[cores]: "
+        "the executors' CPU is then not in the figures",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for --master's session (repeat it)",
+    )
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="no warm-up run before the measured one: it then includes Spark's first query",
@@ -798,10 +814,15 @@ def main(argv: list[str] | None = None) -> None:
         with EmbeddedServer(args.pg_version, settings=settings) as server:
             db = server.create_database("bench")
             t0 = time.perf_counter()
-            spark = local_session("pgcdc-bench", cores=args.cores, **QUIET)
+            if args.master:
+                conf = dict(setting.split("=", 1) for setting in args.conf)
+                spark = classic_session("pgcdc-bench", args.master, {**QUIET, **conf})
+            else:
+                spark = local_session("pgcdc-bench", cores=args.cores, **QUIET)
             jvm = time.perf_counter() - t0
+            master = args.master or f"local[{args.cores}]"
             print(
-                f"PostgreSQL {server.version_string}; Spark {spark.version} local[{args.cores}] "
+                f"PostgreSQL {server.version_string}; Spark {spark.version} {master} "
                 f"started in {jvm:.1f} s (not measured below); {os.cpu_count()} CPUs",
                 flush=True,
             )

@@ -79,6 +79,7 @@ def test_sizes(value: Any, expected: int) -> None:
         ({"source": {**BASE["source"], "max_retained_wal": -1}}, "source.max_retained_wal must"),
         ({"trigger": {"interval": "soon"}}, "trigger.interval must be a time"),
         ({"trigger": {"interval": -1}}, "trigger.interval must be a time"),
+        ({"trigger": {"max_bytes_per_batch": "big"}}, "trigger.max_bytes_per_batch must be a"),
         ({"target": {"path": "s3://b/lake"}}, "target.path s3://b/lake is an object store: give"),
         ({"target": {"path": "l", "state": 3}}, "target.state must be a directory"),
         ({"target": {"path": "l", "storage_options": "x"}}, "[storage_options] must be a table"),
@@ -108,6 +109,15 @@ def test_sizes(value: Any, expected: int) -> None:
             {"source": {**BASE["source"], "status_interval": "often"}},
             "source.status_interval must be a time",
         ),
+        (
+            {"spark": {"master": "local[2]", "remote": "sc://h:15002"}},
+            "[spark] gives both master and remote: a session is classic (master) or Spark",
+        ),
+        ({"spark": {"remote": "h:15002"}}, "spark.remote must be a Spark Connect URL such as"),
+        ({"spark": {"master": ""}}, 'spark.master must be a master URL such as "local[*]"'),
+        ({"spark": {"conf": "x"}}, "[spark.conf] must be a table"),
+        ({"spark": {"conf": {"a": [1]}}}, "spark.conf.a must be a string, a number or a bool"),
+        ({"spark": {"mastr": "x"}}, "unknown key 'mastr' in [spark]; did you mean 'master'?"),
     ],
 )
 def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None:
@@ -119,6 +129,7 @@ def test_bad_values_are_one_line(sections: dict[str, Any], message: str) -> None
 def test_the_example_configuration_parses() -> None:
     example = load_config(Path(__file__).parents[2] / "examples" / "pipeline.toml")
     assert example.max_retained_wal == 1024**3
+    assert example.max_bytes_per_batch == config().max_bytes_per_batch == 64 * 1024**2
     assert set(example.on_error.values()) == {"stop"}
     assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None
 
@@ -186,3 +197,26 @@ def test_table_properties_go_with_every_target() -> None:
     )
     (target,) = parsed.targets()
     assert target.spec.properties == {"delta.deletedFileRetentionDuration": "interval 7 days"}
+
+
+def test_where_spark_runs() -> None:
+    """[spark]: local[*] when not given; a master or a Connect server; [spark.conf] as Spark's
+    flat keys, quoted or as TOML's dotted keys (nested tables), booleans spelt as Spark's."""
+    default = config()
+    assert (default.spark_master, default.spark_remote, default.spark_conf) == (None, None, {})
+    cluster = config(
+        spark={
+            "master": "spark://host:7077",
+            "conf": {
+                "spark.executor.memory": "2g",
+                "spark": {"cores": {"max": 4}, "dynamicAllocation": {"enabled": False}},
+            },
+        }
+    )
+    assert cluster.spark_master == "spark://host:7077"
+    assert cluster.spark_conf == {
+        "spark.executor.memory": "2g",
+        "spark.cores.max": "4",
+        "spark.dynamicAllocation.enabled": "false",
+    }
+    assert config(spark={"remote": "sc://h:15002/;token=x"}).spark_remote == "sc://h:15002/;token=x"

@@ -482,7 +482,7 @@ def _demo(
         console.print(f"\n[bold cyan]3. Pipeline, round 1[/]: into {lake}")
         spark = spark_starting.get()
         console.print(
-            f"  Spark {spark.version} {spark.sparkContext.master}, trigger available-now, "
+            f"  Spark {spark.version} {spark.conf.get('spark.master')}, trigger available-now, "
             f"pipeline state in {Path(config.state_path).relative_to(lake)}"
         )
         with _timed(console, "round 1 applied"):

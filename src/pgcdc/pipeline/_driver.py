@@ -2,8 +2,10 @@
 
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
-Spark job whose tasks read the spool, build the envelope a column at a time and apply every
-configured table to its targets in parallel (`pgcdc.pipeline._work`). Every target commits its
+Spark job (a small batch: threads of the driver) whose tasks read their tables' changes from
+the spool (on a cluster, or through Spark Connect: get them with their work), build the
+envelope a column at a time and apply every configured table to its targets in parallel
+(`pgcdc.pipeline._work`). Every target commits its
 data together with the batch's highest commit LSN, so a batch replayed after a crash changes
 nothing. Only when every table of a batch is applied does the slot move past it (the
 replication client's `Acknowledgement`); a crash anywhere loses nothing: the slot sends the
@@ -17,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,7 +78,7 @@ from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slo
 from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._session import Spooler
-from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir
+from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir, load_ranges
 from pgcdc.storage import FileIO, open_file_io
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeCatalog
@@ -215,14 +217,21 @@ class Pipeline:
 
     @property
     def dispatcher(self) -> Dispatcher:
-        """Where the work runs: the dispatcher given, or Spark tasks on the session given (a
-        local one, started on first use: `prepare`) through `pgcdc.spark.SparkDispatcher`."""
+        """Where the work runs: the dispatcher given, or Spark tasks on the session given (or
+        the one ``[spark]`` describes, started on first use: `prepare`) through
+        `pgcdc.spark.dispatch.SparkDispatcher`."""
         if self._dispatcher is None:
             from pgcdc.spark.dispatch import SparkDispatcher
-            from pgcdc.spark.session import local_session
+            from pgcdc.spark.session import spark_session
 
             if self._spark is None:
-                self._spark = local_session(f"pgcdc-{self.config.name}")
+                config = self.config
+                self._spark = spark_session(
+                    f"pgcdc-{config.name}",
+                    master=config.spark_master,
+                    remote=config.spark_remote,
+                    conf=config.spark_conf,
+                )
             self._dispatcher = SparkDispatcher(self._spark)
         return self._dispatcher
 
@@ -296,11 +305,15 @@ class Pipeline:
     def _run_tasks(self, works: list[TableWork]) -> tuple[list[TableOutcome], str]:
         """The batch's tables applied: by the driver itself when the batch is small (a
         Spark job's set-up would cost more), else by a Spark job; and which ("inline",
-        "job")."""
+        "job"). Tasks that do not run on this machine (a cluster's, a Spark Connect server's)
+        get the tables' changes read from the spool into their work: only the driver can read
+        it."""
         if not works:
             return [], "inline"
         small = sum(w.changes for w in works) <= self.config.inline_max_changes
         dispatcher = self._inline if small else self.dispatcher
+        if not dispatcher.same_host:
+            works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
         groups = group_work(works, dispatcher.parallelism)
         try:
             results = dispatcher.map(apply_tables, groups)
@@ -837,7 +850,10 @@ class Pipeline:
             self.watch_lag(applied)
             spooler.check()
             end, _ = spooler.spool.plan(
-                applied, max_changes=config.max_changes_per_batch, upto=target
+                applied,
+                max_changes=config.max_changes_per_batch,
+                max_bytes=config.max_bytes_per_batch,
+                upto=target,
             )
             if end == applied:
                 if target is not None and spooler.reached(target, after=applied):

@@ -1,12 +1,15 @@
 """One micro-batch of the pipeline, applied by Spark tasks: the executors' side.
 
 The driver plans a batch (a range of spooled transactions) and cuts it into `TableWork`s,
-one per configured table with changes: the table's spool ranges, its targets and what
-typing needs (the descriptions of its types, read on the driver). Spark tasks run `apply_tables` on
-groups of them, in parallel: each reads its ranges, builds the envelope a column at a time
+one per configured table with changes: the table's spool ranges, its targets and what typing
+needs (the descriptions of its types, read on the driver). Tasks on the driver's machine read
+the ranges from the spool's files; for tasks elsewhere (a cluster's executors, a Spark
+Connect server's) the ranges carry their bytes, read on the driver: executors need no
+filesystem shared with it. Spark tasks run `apply_tables` on groups of them, in parallel:
+each builds the envelope from its ranges a column at a time
 (`pgcdc.spool._spool.read_envelope`) and applies it to every target of the table, each
-committing its data with the batch's watermark. Only a small `TableOutcome` per table goes
-back to the driver.
+committing its data with the batch's watermark. Only a small
+`TableOutcome` per table goes back to the driver.
 
 A table whose targets cannot take its changes (a type change they cannot follow, a value out
 of range, a storage error) is reported in one line naming the table, the change, its key and
@@ -51,6 +54,8 @@ class TableWork:
 
     table: str
     targets: tuple[TargetSpec, ...]
+    #: The table's changes: spool ranges (with their bytes for tasks on other machines:
+    #: `pgcdc.spool._spool.load_ranges`).
     ranges: tuple[SpoolRange, ...]
     #: The descriptions of the user-defined types its columns have (read on the driver).
     types: TypeDescriptions

@@ -10,7 +10,7 @@ slot = "shop_slot"
 create_slot = true                 # create the slot when missing
 streaming = "on"                   # how the server sends large transactions (on/off)
 max_retained_wal = "1GB"           # warn when the slot holds back more WAL than this
-# spool_dir = "/mnt/shared/spool"  # on a cluster: a directory every executor reads
+# spool_dir = "/var/lib/pgcdc"     # where the driver spools changes (default: temp dir)
 recover_lost_slot = false          # true: a lost slot is replaced and the targets reconciled
 failover = false                   # true: a failover slot (PostgreSQL 17+, synced to a standby)
 status_interval = 10               # seconds between status updates to the server (at most)
@@ -33,7 +33,14 @@ on_error = "stop"                  # a change a table cannot take: "stop" or "qu
 available_now = false              # true: catch up, then stop
 interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
+max_bytes_per_batch = "64MB"       # of spooled changes (on a cluster: inside Spark's tasks)
 inline_max_changes = 50000         # a batch this small is applied by the driver, not Spark
+
+[spark]                            # where the work runs; default: local[*] in this process
+master = "local[*]"                # or "spark://host:7077", "yarn", "k8s://https://host:6443"
+# remote = "sc://host:15002"       # instead of master: a Spark Connect server
+[spark.conf]                       # given to the session as they are
+"spark.executor.memory" = "2g"
 
 [metrics]                          # off unless a port is given
 port = 9187                        # Prometheus metrics at http://127.0.0.1:9187/metrics
@@ -49,8 +56,21 @@ Paths are relative to the configuration file's directory. The pipeline keeps its
 ``<path>/_pgcdc/<name>/`` (or `state`: a directory, or a URI). Targets on an object store
 (``s3://``, ``az://``, ``abfss://``, ``gs://``) take delta-rs's `storage_options`, and so does
 a state on one (`pgcdc.storage`); with targets on an object store `state` must be given (a
-local directory or a URI: it is never guessed). The spool (the driver writes it, Spark tasks
-read it) must then be a directory every executor reads (`spool_dir`: NFS, EFS, a DBFS mount).
+local directory or a URI: it is never guessed). The spool is the driver's alone: tasks on its
+machine (``local[*]``) read it, tasks elsewhere (a cluster's executors, a Spark Connect
+server's) get a batch's change bytes inside their work items, and the copy's tasks read
+PostgreSQL themselves, so executors share no filesystem with the driver (they need the
+targets' storage and the source's conninfo). A Spark task cannot be larger than
+``spark.rpc.message.maxSize`` (128 MiB unless set), and the driver's heap holds a few copies
+of a batch's bytes while its job starts, so a batch holds at most ``max_bytes_per_batch`` of
+spooled changes (whole transactions: a single larger one is a batch of its own, and needs
+that setting, and the driver's memory, raised on a cluster).
+
+``[spark]`` says where the work runs: ``master`` for a classic session whose driver is the
+``pgcdc run`` process (``local[*]`` by default), or ``remote`` for a Spark Connect server
+(not both); ``[spark.conf]`` is given to the session (a key may be quoted,
+``"spark.executor.memory" = "2g"``, or written as TOML's dotted keys). Under ``spark-submit``
+(`pgcdc.spark.submit`) the session is spark-submit's and ``[spark]`` is not used.
 ``interval`` is a number of seconds or a text such as
 ``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
 soon as changes are there and the interval since the last one has passed). Batches adapt to
@@ -129,6 +149,10 @@ class PipelineConfig:
     available_now: bool = False
     interval_seconds: float = 0.5
     max_changes_per_batch: int | None = 1_000_000
+    #: At most this many bytes of spooled changes per batch (whole transactions, at least
+    #: one): on a cluster a batch's changes travel inside its Spark tasks, which Spark
+    #: bounds in size.
+    max_bytes_per_batch: int = 64 * 1024**2
     #: A batch of at most this many changes is applied by the driver itself (threads, the
     #: targets kept open), not by a Spark job: a job's set-up would cost more than the
     #: batch. 0: every batch is a Spark job.
@@ -160,6 +184,11 @@ class PipelineConfig:
     #: The Prometheus endpoint ([metrics] port; None: off) and the address it listens on.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Where Spark runs ([spark]): a classic session's master (None: local[*]) or a Spark
+    #: Connect server's URL (remote), never both, and the settings given to the session.
+    spark_master: str | None = None
+    spark_remote: str | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_path(self) -> str:
@@ -193,7 +222,7 @@ class PipelineConfig:
 #: Every key the configuration knows, per section ("" is the top level): a misspelt key is
 #: an error, not a setting silently left at its default.
 KEYS = {
-    "": ("name", "source", "target", "snapshot", "trigger", "metrics", "tables"),
+    "": ("name", "source", "target", "snapshot", "trigger", "metrics", "spark", "tables"),
     "source": (
         "conninfo",
         "publication",
@@ -208,8 +237,15 @@ KEYS = {
     ),
     "snapshot": ("enabled", "chunk_blocks", "changelog_reads"),
     "target": ("path", "on_error", "state", "storage_options", "table_properties"),
-    "trigger": ("available_now", "interval", "max_changes_per_batch", "inline_max_changes"),
+    "trigger": (
+        "available_now",
+        "interval",
+        "max_changes_per_batch",
+        "max_bytes_per_batch",
+        "inline_max_changes",
+    ),
     "metrics": ("port", "host"),
+    "spark": ("master", "remote", "conf"),
 }
 STREAMING = ("on", "off", "parallel")
 
@@ -385,6 +421,43 @@ def _conninfo(value: str) -> str:
     return value
 
 
+def _spark_settings(section: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """[spark.conf] as Spark's flat keys: TOML's dotted keys (``spark.executor.memory =
+    "2g"`` unquoted) arrive as nested tables; booleans are written as Spark spells them."""
+    flat: dict[str, str] = {}
+    for key, value in section.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_spark_settings(value, f"{name}."))
+        elif isinstance(value, bool):
+            flat[name] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            flat[name] = str(value)
+        else:
+            raise ConfigError(f"spark.conf.{name} must be a string, a number or a boolean")
+    return flat
+
+
+def _spark(section: dict[str, Any]) -> tuple[str | None, str | None, dict[str, str]]:
+    """[spark]: master, remote (never both) and the conf."""
+    master, remote = section.get("master"), section.get("remote")
+    if master is not None and remote is not None:
+        raise ConfigError(
+            "[spark] gives both master and remote: a session is classic (master) or Spark "
+            "Connect (remote), not both"
+        )
+    if master is not None and (not isinstance(master, str) or not master):
+        raise ConfigError(f'spark.master must be a master URL such as "local[*]" (got {master!r})')
+    if remote is not None and (not isinstance(remote, str) or not remote.startswith("sc://")):
+        raise ConfigError(
+            f'spark.remote must be a Spark Connect URL such as "sc://host:15002" (got {remote!r})'
+        )
+    conf = section.get("conf", {})
+    if not isinstance(conf, dict):
+        raise ConfigError("[spark.conf] must be a table")
+    return master, remote, _spark_settings(conf)
+
+
 def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     _check_keys(data, "")
     source = _section(data, "source")
@@ -393,6 +466,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
     tables = _section(data, "tables")
     snapshot = _section(data, "snapshot")
     metrics = _section(data, "metrics")
+    spark_master, spark_remote, spark_conf = _spark(_section(data, "spark"))
     if not tables:
         raise ConfigError('[tables] must name at least one table, e.g. "public.t" = "mirror"')
     default_on_error = _on_error(target.get("on_error", "stop"), "target.on_error")
@@ -449,6 +523,9 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         available_now=_flag(trigger, "available_now", "trigger", False),
         interval_seconds=parse_interval(trigger.get("interval", 0.5), "trigger.interval"),
         max_changes_per_batch=max_changes,
+        max_bytes_per_batch=parse_size(
+            trigger.get("max_bytes_per_batch", 64 * 1024**2), "trigger.max_bytes_per_batch"
+        ),
         inline_max_changes=_count(
             trigger.get("inline_max_changes", 50_000), "trigger.inline_max_changes"
         ),
@@ -464,6 +541,9 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         spool_dir=_optional_path(source, "spool_dir", base),
         metrics_port=None if metrics.get("port") is None else _port(metrics["port"]),
         metrics_host=str(metrics.get("host", "127.0.0.1")),
+        spark_master=spark_master,
+        spark_remote=spark_remote,
+        spark_conf=spark_conf,
     )
 
 

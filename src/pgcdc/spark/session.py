@@ -1,5 +1,12 @@
-"""A local Spark session ready for pgcdc: Java found, Python workers on this interpreter,
-UTC session time zone, and the ``pgoutput`` source registered."""
+"""Spark sessions ready for pgcdc: Java found, Python workers on an interpreter that has
+pgcdc, UTC session time zone, and the ``pgoutput`` source registered.
+
+`spark_session` makes the session a pipeline's ``[spark]`` section describes: a classic one
+(``master``: ``local[*]``, ``spark://host:7077``, ``yarn``, ``k8s://...``; its driver is this
+process) or a Spark Connect one (``remote``: ``sc://host:15002``; the driver is the server's),
+with ``[spark.conf]`` passed through. `local_session` is the local one the tests and the
+benchmarks use.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +19,24 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pgcdc.errors import SourceError
+from pgcdc.errors import PgcdcError, SourceError
 from pgcdc.spark.source import register
 
-__all__ = ["ensure_java", "error_line", "local_session"]
+__all__ = [
+    "SparkSessionError",
+    "connect_session",
+    "ensure_java",
+    "error_line",
+    "local_session",
+    "spark_session",
+]
+
+
+class SparkSessionError(PgcdcError):
+    """Spark could not be started, or its Connect server not reached."""
 
 
 def ensure_java() -> None:
@@ -101,37 +119,91 @@ def _quiet_jvm_start() -> Iterator[None]:
         os.dup2(real, 2)  # the forwarder keeps writing to `real`
 
 
+#: What every classic session of pgcdc gets (before `[spark.conf]`, which may change it).
+_CLASSIC_CONF = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+#: And a local one: no web UI, and few shuffle partitions for a machine's few cores.
+_LOCAL_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+
+
 def local_session(app_name: str = "pgcdc", cores: str = "*", **conf: str) -> Any:
     """A ``local[cores]`` SparkSession (created or the running one), with pgoutput. Spark's
-    log is quiet (``PGCDC_SPARK_LOG_LEVEL`` changes that: e.g. ``warn``) and shows no
-    progress bars."""
+    log is quiet (``PGCDC_SPARK_LOG_LEVEL`` changes that) and shows no progress bars."""
+    return classic_session(app_name, f"local[{cores}]", conf)
+
+
+def classic_session(app_name: str, master: str, conf: Mapping[str, str] | None = None) -> Any:
+    """A classic SparkSession on `master` whose driver is this process (created, or the
+    running one), with pgoutput. Executors run ``spark.pyspark.python`` when `conf` names
+    one (e.g. ``./environment/bin/python`` of a venv shipped with ``spark.archives``), else
+    this interpreter (pgcdc installed on the nodes where it is here)."""
+    conf = {**(_LOCAL_CONF if master.startswith("local") else {}), **(conf or {})}
     ensure_java()
-    # Executors' and data sources' Python workers must import pgcdc: this interpreter has it.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # The Python workers run what the driver's PYSPARK_PYTHON names: it must import pgcdc.
+    os.environ["PYSPARK_PYTHON"] = conf.get("spark.pyspark.python", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(f"local[{cores}]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_log_config()}")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
-    for key, value in conf.items():
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {
+        **_CLASSIC_CONF,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_config()}",
+        **conf,
+    }
+    for key, value in settings.items():
         builder = builder.config(key, value)
     quiet = "PGCDC_SPARK_LOG_LEVEL" not in os.environ
-    with _quiet_jvm_start() if quiet else contextlib.nullcontext():
-        spark = builder.getOrCreate()
+    try:
+        with _quiet_jvm_start() if quiet else contextlib.nullcontext():
+            spark = builder.getOrCreate()
+    except Exception as exc:
+        raise SparkSessionError(f"Spark on {master} did not start: {error_line(exc)}") from None
     if quiet:
         # py4j logs the traceback of an exception raised in a foreachBatch function; the
         # pipeline reports it in one line (`error_line`).
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
     register(spark)
     return spark
+
+
+def connect_session(remote: str, conf: Mapping[str, str] | None = None) -> Any:
+    """A Spark Connect session on the server at `remote` (``sc://host:port``, with
+    ``/;token=...`` and the like as Spark takes them), with pgoutput. The server runs the
+    Python workers: its ``spark.pyspark.python`` (or its nodes' ``python3``) must import
+    pgcdc. `conf` is set on the session (runtime settings; the server's own are its)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote)
+    for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+        spark.version  # noqa: B018 -- the first call to the server: is it there?
+    except Exception as exc:
+        raise SparkSessionError(
+            f"cannot use the Spark Connect server at {remote}: {error_line(exc)}"
+        ) from None
+    register(spark)
+    return spark
+
+
+def spark_session(
+    app_name: str = "pgcdc",
+    *,
+    master: str | None = None,
+    remote: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> Any:
+    """The session a pipeline's ``[spark]`` section describes: Spark Connect at `remote`, or
+    a classic session on `master` (``local[*]`` when neither is given)."""
+    if remote is not None and master is not None:
+        raise SparkSessionError("give spark.master or spark.remote, not both")
+    if remote is not None:
+        return connect_session(remote, conf)
+    return classic_session(app_name, master or "local[*]", conf)
 
 
 #: A Python exception line (``module.Class: message``), not a JVM one.

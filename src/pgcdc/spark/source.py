@@ -3,8 +3,9 @@
 Streaming (``spark.readStream.format("pgoutput")``): the driver's data source process keeps
 one replication session (`Spooler`) that writes committed transactions to a spool directory;
 an offset is ``{"lsn": "X/Y"}``, the end LSN of the last transaction in the batch, so a batch
-always ends on a transaction boundary. Executors read the batch's spool ranges and build the
-envelope in parallel. The slot is confirmed only in `commit`, after Spark committed the batch;
+always ends on a transaction boundary. Each partition carries its spool ranges' bytes (read
+where the session runs), and executors build the envelope from them in parallel: they need
+no access to the spool. The slot is confirmed only in `commit`, after Spark committed the batch;
 restarting from a checkpoint resumes exactly, because the slot still holds everything after the
 last committed batch. Admission control: ``maxChangesPerBatch`` and ``maxBytesPerBatch``
 (whole transactions, at least one per batch); ``Trigger.AvailableNow`` reads up to the
@@ -16,7 +17,7 @@ Batch (``spark.read.format("pgoutput")``): the slot's pending changes (optionall
 
 Options: ``conninfo`` (libpq string or URI), ``slot``, ``publication`` (comma-separated),
 ``createSlot`` (create the slot when missing), ``maxChangesPerBatch``, ``maxBytesPerBatch``,
-``spoolDir`` (default: under the temp directory; on a cluster, storage every executor reads),
+``spoolDir`` (default: under the temp directory of the process that holds the session),
 ``partitionBytes`` (target size of one task's spool range, default 16 MB), ``streaming``
 (``on``/``off``: how the server sends large transactions, default on where supported),
 ``messages`` (include logical decoding messages), ``statusInterval`` (seconds), and for batch
@@ -61,7 +62,7 @@ from pgcdc.replication.slots import connect_sql, create_slot, get_slot
 from pgcdc.replication.sql_transport import SqlTransport
 from pgcdc.spark.envelope import ENVELOPE_SCHEMA
 from pgcdc.spool._session import Spooler, SpoolWriter
-from pgcdc.spool._spool import Spool, SpoolRange, default_spool_dir, read_envelope
+from pgcdc.spool._spool import Spool, SpoolRange, default_spool_dir, load_ranges, read_envelope
 
 __all__ = ["PgoutputDataSource", "SourceOptions", "register"]
 
@@ -76,6 +77,13 @@ _SLOT_RELEASE_TIMEOUT = 30.0
 def get_server_version(conninfo: str) -> int:
     with connect_sql(conninfo) as conn:
         return conn.info.server_version
+
+
+def _server_lsn(conninfo: str) -> Lsn:
+    with connect_sql(conninfo) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
 
 
 def register(spark: Any) -> None:
@@ -170,7 +178,7 @@ class PgoutputDataSource(DataSource):
 
 
 class SpoolPartition(InputPartition):
-    def __init__(self, ranges: list[SpoolRange]) -> None:
+    def __init__(self, ranges: tuple[SpoolRange, ...]) -> None:
         super().__init__(ranges)
         self.ranges = ranges
 
@@ -184,9 +192,18 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._spooler: Spooler | None = None
         self._target: Lsn | None = None
         self._catalog: Catalog | None = None
+        #: The server's WAL position when the session started, until the first batch that
+        #: waited for it was planned (`_settle`).
+        self._opened_at: Lsn | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_spooler": None, "_target": None, "_catalog": None}
+        return {
+            "options": self.options,
+            "_spooler": None,
+            "_target": None,
+            "_catalog": None,
+            "_opened_at": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -228,6 +245,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
             self._catalog = Catalog(options.conninfo)
             identities = ColumnIdentities(self._catalog, options.publications)
+            self._opened_at = _server_lsn(options.conninfo)
             self._spooler = Spooler(
                 options.conninfo,
                 options.slot,
@@ -250,10 +268,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with connect_sql(self.options.conninfo) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        self._target = Lsn.parse(row[0])
+        self._target = _server_lsn(self.options.conninfo)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         spooler = self._session()
@@ -274,10 +289,35 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_changes = limit.max_rows
             elif isinstance(limit, ReadMaxBytes):
                 max_bytes = limit.max_bytes
+        if target is None:
+            self._settle(spooler, start_lsn, max_changes, max_bytes)
         end, _ = spooler.spool.plan(
             start_lsn, max_changes=max_changes, max_bytes=max_bytes, upto=self._target
         )
         return {"lsn": str(end)}
+
+    def _settle(
+        self, spooler: Spooler, start: Lsn, max_changes: int | None, max_bytes: int | None
+    ) -> None:
+        """The first batch of a session that just started waits until it has spooled what
+        committed before it started, or a full batch: Spark may ask for one batch only (a
+        run of a declarative pipeline, a once trigger: Python sources have no available-now
+        there), which must not be whatever arrived in the session's first moments."""
+        opened_at, self._opened_at = self._opened_at, None
+        if opened_at is None:
+            return
+        deadline = time.monotonic() + _REDELIVERY_TIMEOUT
+        spool = spooler.spool
+        while not spooler.wait_for(opened_at, 0.5):
+            _, changes = spool.plan(start, max_changes=max_changes)
+            full = max_changes is not None and changes >= max_changes
+            if full or spool.bytes_held >= min(max_bytes or spool.max_bytes, spool.max_bytes):
+                return
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    f"slot {self.options.slot!r}: the server did not send up to {opened_at} "
+                    f"within {_REDELIVERY_TIMEOUT:.0f} s"
+                )
 
     def reportLatestOffset(self) -> dict | None:
         if self._spooler is None:
@@ -303,10 +343,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for spool_range in ranges:  # tasks of about partitionBytes
                 current.append(spool_range)
                 if sum(r.length for r in current) >= self.options.partition_bytes:
-                    partitions.append(SpoolPartition(current))
+                    partitions.append(SpoolPartition(load_ranges(current)))
                     current = []
             if current:
-                partitions.append(SpoolPartition(current))
+                partitions.append(SpoolPartition(load_ranges(current)))
         return partitions
 
     def commit(self, end: dict) -> None:

@@ -56,9 +56,17 @@ from pgcdc.protocol import (
     pg_timestamp_to_datetime,
 )
 from pgcdc.protocol.columns import CHANGE_FRAME, change_frame
-from pgcdc.records import encode_record, read_range
+from pgcdc.records import encode_record, read_range, split_records
 
-__all__ = ["MESSAGES", "BatchInfo", "Spool", "SpoolRange", "default_spool_dir", "read_envelope"]
+__all__ = [
+    "MESSAGES",
+    "BatchInfo",
+    "Spool",
+    "SpoolRange",
+    "default_spool_dir",
+    "load_ranges",
+    "read_envelope",
+]
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Past this much unreleased data the writer waits for Spark (the server then keeps the WAL).
@@ -82,7 +90,9 @@ class SpoolRange:
     """Whole units of one file: what one task reads for one relation. `versions` are the
     Relation messages the units' frames were sent under (encoded), by version number;
     `attnums`, when known, what each version's columns are (their attnums, resolved from the
-    catalog on the driver: `pgcdc.pipeline._columns`)."""
+    catalog on the driver: `pgcdc.pipeline._columns`). `data`, once read on the driver
+    (`load_ranges`), is the range's bytes: what a task reads, since only the driver has the
+    file."""
 
     relid: int
     path: str
@@ -91,6 +101,7 @@ class SpoolRange:
     changes: int
     versions: tuple[bytes, ...]
     attnums: tuple[tuple[int, ...], ...] = ()
+    data: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,19 +492,42 @@ def default_spool_dir(slot: str) -> str:
     return str(base / f"pgcdc-spool-{slot}-{os.getpid()}")
 
 
+def load_ranges(ranges: Iterable[SpoolRange]) -> tuple[SpoolRange, ...]:
+    """`ranges` with their bytes (`SpoolRange.data`), read from the spool's files here, on
+    the driver: a task gets them inside its work, so executors need no access to the spool."""
+    loaded = []
+    for spool_range in ranges:
+        if spool_range.data is None:
+            try:
+                with open(spool_range.path, "rb") as file:
+                    file.seek(spool_range.offset)
+                    data = file.read(spool_range.length)
+            except OSError as exc:
+                raise SpoolError(f"cannot read spool file {spool_range.path}: {exc}") from None
+            if len(data) < spool_range.length:
+                raise SpoolError(
+                    f"spool file {spool_range.path} ends {spool_range.length - len(data)} "
+                    f"bytes before the range at {spool_range.offset} does"
+                )
+            spool_range = replace(spool_range, data=data)
+        loaded.append(spool_range)
+    return tuple(loaded)
+
+
 # -- reading (executors) -----------------------------------------------------------------
 
 
 def _records(spool_range: SpoolRange) -> Iterator[bytes]:
     path = spool_range.path
     try:
-        for record in read_range(path, spool_range.offset, spool_range.length):
+        if spool_range.data is not None:
+            records = split_records(spool_range.data, spool_range.offset)
+        else:
+            records = read_range(path, spool_range.offset, spool_range.length)
+        for record in records:
             yield record.payload
     except OSError as exc:
-        raise SpoolError(
-            f"cannot read spool file {path} (on executors the spool directory must be the "
-            f"driver's, e.g. shared storage): {exc}"
-        ) from None
+        raise SpoolError(f"cannot read spool file {path}: {exc}") from None
     except RecordError as exc:
         raise SpoolError(f"spool file {path}: {exc}") from None
 

@@ -109,7 +109,7 @@ from psycopg import sql
 import _load
 from _common import Recvlogical, load, percentile, process_cpu, tree_cpu
 from pgcdc.embedded import Database, EmbeddedServer
-from pgcdc.monitoring import BatchRecord
+from pgcdc.monitoring import BATCH_LOG, BatchRecord
 from pgcdc.pipeline.verify import compare_history, compare_mirror
 from pgcdc.protocol import datetime_to_pg_timestamp
 from pgcdc.targets import DeltaTarget
@@ -227,8 +227,7 @@ class Batch:
 
 
 class JsonLines:
-    """New complete lines of a file another process appends to (and may rotate to
-    ``NAME.1``, as the batch log does)."""
+    """New complete lines of a file another process appends to."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -236,22 +235,46 @@ class JsonLines:
 
     def read(self) -> list[dict[str, Any]]:
         try:
-            size = self.path.stat().st_size
+            with open(self.path, "rb") as file:
+                file.seek(self.offset)
+                chunk = file.read()
         except FileNotFoundError:
             return []
-        data = b""
-        if size < self.offset:  # rotated: the rest of the old file first
-            rotated = self.path.with_name(self.path.name + ".1")
-            with open(rotated, "rb") as old:
-                old.seek(self.offset)
-                data = old.read()
-            self.offset = 0
-        with open(self.path, "rb") as file:
-            file.seek(self.offset)
-            chunk = file.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
-        return [json.loads(line) for line in (data + complete).splitlines() if line.strip()]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+class BatchLogLines:
+    """New records of a pipeline's batch log: a directory of numbered segments, each written
+    whole again as it grows, the oldest removed (`pgcdc.monitoring.BatchLog`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.segment: str | None = None  # the one read last, and how far
+        self.offset = 0
+
+    def read(self) -> list[BatchRecord]:
+        names = (
+            sorted(p.name for p in self.directory.glob("*.jsonl"))
+            if self.directory.exists()
+            else []
+        )
+        records = []
+        for name in names:
+            if self.segment is not None and name < self.segment:
+                continue
+            if name != self.segment:
+                self.segment, self.offset = name, 0
+            try:
+                data = (self.directory / name).read_bytes()
+            except FileNotFoundError:
+                continue
+            complete = data[self.offset : data.rfind(b"\n") + 1]
+            self.offset += len(complete)
+            lines = complete.splitlines()
+            records += [BatchRecord.from_json(json.loads(line)) for line in lines if line.strip()]
+        return records
 
 
 class PipelineProcess:
@@ -275,8 +298,7 @@ class PipelineProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches us only; we stop it cleanly
         )
-        self._from_json = BatchRecord.from_json
-        self._log_lines = JsonLines(state / "batches.jsonl")
+        self._log_lines = BatchLogLines(state / BATCH_LOG)
         self._reports = JsonLines(reports)
         self._phases: dict[int, dict[str, float]] = {}
         self.batches: list[Batch] = []
@@ -288,8 +310,7 @@ class PipelineProcess:
 
     def poll(self) -> None:
         """Read what is new; raise if the process has ended."""
-        for data in self._log_lines.read():
-            record = self._from_json(data)
+        for record in self._log_lines.read():
             self.batches.append(
                 Batch(
                     record.batch,

@@ -21,6 +21,7 @@ __all__ = [
     "OutputFileError",
     "PermissionDenied",
     "PgcdcError",
+    "PipelineFailed",
     "PluginError",
     "PluginLoadError",
     "PluginOptionError",
@@ -35,6 +36,7 @@ __all__ = [
     "SlotExists",
     "SlotInUse",
     "SlotInvalidated",
+    "SlotLost",
     "SlotNotFound",
     "SlotPluginMismatch",
     "SourceError",
@@ -258,6 +260,14 @@ class SpoolError(PgcdcError):
 class StorageError(PgcdcError):
     """A file pgcdc keeps (a pipeline's state) cannot be read or written where it lives: a
     local directory, or an object store that refuses (credentials, a missing bucket)."""
+
+
+class PipelineFailed(PgcdcError):
+    """The pipeline stopped with an error (the first line of it, cleaned up)."""
+
+
+class SlotLost(PgcdcError):
+    """The pipeline's slot no longer exists though its targets hold data."""
 
 
 class SourceError(PgcdcError):

@@ -16,8 +16,7 @@ from pgcdc.embedded import Database
 from pgcdc.targets import DeltaTarget
 from pgcdc.targets.delta import CHUNK_KEY
 from replication.helpers import unique
-from spark.helpers import assert_identical, pipeline_config, run_pipeline
-from spark.test_pipeline_recovery import _child, _finish
+from spark.helpers import assert_identical, finish_child, pipeline_config, run_pipeline, start_child
 
 pytestmark = pytest.mark.server
 
@@ -142,8 +141,8 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
     slot, publication = setup(pg, 40000)
     lake = tmp_path / "lake"
     config = config_for(pg, slot, publication, lake, chunk_blocks=4)
-    proc = _child(config, "--exit-after-chunks", "public.customers:4")
-    code, output = _finish(proc)
+    proc = start_child(config, "--exit-after-chunks", "public.customers:4")
+    code, output = finish_child(proc)
     assert code == 3, output
     first = chunk_commits(lake / "public.customers")
     state = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
@@ -152,8 +151,9 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
     # `pgcdc status` counts the chunks the targets hold, not the ones planned
     from pgcdc.cli.status import _copy_section
     from pgcdc.pipeline.config import parse_config
+    from pgcdc.storage import open_file_io
 
-    section = _copy_section(lake / "_pgcdc/test/snapshot.json", parse_config(config))
+    section = _copy_section(open_file_io(str(lake / "_pgcdc/test")), parse_config(config))
     assert section is not None and section.warnings == ["the initial copy has not finished"]
     shown = section.data["tables"]["public.customers"]
     assert (shown["chunks_copied"], shown["chunks_planned"]) == (len(first), planned)
@@ -166,7 +166,7 @@ def test_crash_mid_copy_starts_the_copy_again(pg: Database, tmp_path: Path) -> N
     # A row of the last chunks, with a TOASTed value, moves to a new key (and on again).
     pg.execute("UPDATE customers SET id = 92000 WHERE id = 39900")
     pg.execute("UPDATE customers SET id = 93000, name = 'moved twice' WHERE id = 92000")
-    code, output = _finish(_child(config))
+    code, output = finish_child(start_child(config))
     assert code == 0 and "caught up" in output, output
     again = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
     assert again["status"] == "done" and again["point"] != state["point"]
@@ -208,7 +208,7 @@ def test_killed_between_slot_creation_and_the_copy_plan(pg: Database, tmp_path: 
     slot, publication = setup(pg, 3000)
     lake = tmp_path / "lake"
     config = config_for(pg, slot, publication, lake)
-    code, output = _finish(_child(config, "--exit-after-slot", "1"))
+    code, output = finish_child(start_child(config, "--exit-after-slot", "1"))
     assert code == 3, output
     assert pg.execute(f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'") == [
         (1,)
@@ -216,7 +216,7 @@ def test_killed_between_slot_creation_and_the_copy_plan(pg: Database, tmp_path: 
     state = json.loads((lake / "_pgcdc/test/snapshot.json").read_text())
     assert state["status"] == "creating"
     pg.execute("UPDATE customers SET name = 'after the slot' WHERE id % 7 = 0")
-    code, output = _finish(_child(config))
+    code, output = finish_child(start_child(config))
     assert code == 0 and "caught up" in output, output
     assert_identical(pg, config)
     assert _count(lake / "public.customers") == 3000

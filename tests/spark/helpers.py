@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +165,27 @@ class RunningPipeline:
         self._thread.join(120)
         if self.failure is not None:
             raise self.failure
+
+
+#: A pipeline run in a process of its own (`start_child`): its own process group, so a test
+#: can kill the whole of it (the JVM included).
+PIPELINE_CHILD = Path(__file__).with_name("pipeline_child.py")
+
+
+def start_child(config: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
+    """`pipeline_child.py` running `config` (`extra`: its options) in a new session."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    return subprocess.Popen(
+        [sys.executable, str(PIPELINE_CHILD), json.dumps(config), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def finish_child(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+    """The child's exit status and all it printed."""
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out + err

@@ -8,9 +8,6 @@ own is written to the local disk but the spool."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +21,7 @@ from pgcdc.monitoring import BatchLog
 from pgcdc.protocol import Lsn
 from pgcdc.storage import FileIO, open_file_io
 from replication.helpers import assert_one_error_line, confirmed_flush, run_cli, unique
-from spark.helpers import assert_identical, pipeline_config, run_pipeline
-
-CHILD = Path(__file__).with_name("pipeline_child.py")
+from spark.helpers import assert_identical, finish_child, pipeline_config, run_pipeline, start_child
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,23 +406,6 @@ def test_copy_stream_quarantine_and_recopy_on_the_store(
     assert not state.exists("resync") and not local.exists()
 
 
-def _child(config: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), json.dumps(config), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out + err
-
-
 @pytest.mark.server
 def test_killed_during_the_copy_and_between_commit_and_confirm(
     spark: Any, pg: Database, tmp_path: Path, store: Store
@@ -450,7 +428,7 @@ def test_killed_during_the_copy_and_between_commit_and_confirm(
     config["trigger"]["max_changes_per_batch"] = 100
     state = store.io(f"state/{config['name']}")
 
-    code, output = _finish(_child(config, "--exit-after-chunks", "public.items:2"))
+    code, output = finish_child(start_child(config, "--exit-after-chunks", "public.items:2"))
     assert code == 3, output
     copying = json.loads(state.read("snapshot.json") or b"")
     assert copying["status"] == "copying"
@@ -462,7 +440,7 @@ def test_killed_during_the_copy_and_between_commit_and_confirm(
 
     for round in (2, 3, 4):
         changes(pg, round)
-    code, output = _finish(_child(config, "--exit-after-batches", "2"))
+    code, output = finish_child(start_child(config, "--exit-after-batches", "2"))
     assert code == 3, output
     changes(pg, 5)
     reports: list[BatchReport] = []

@@ -3,13 +3,10 @@ every history replays to it, whatever the batch boundaries and wherever the pipe
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +17,10 @@ from hypothesis import strategies as st
 
 from pgcdc.embedded import Database, EmbeddedServer
 from replication.helpers import unique
-from spark.helpers import assert_identical, pipeline_config, run_pipeline
+from spark.helpers import assert_identical, finish_child, pipeline_config, run_pipeline, start_child
 
 pytestmark = pytest.mark.server
 
-CHILD = Path(__file__).with_name("pipeline_child.py")
 SCHEMA = """
 CREATE TABLE a (k int PRIMARY KEY, v text, n numeric(10,2));
 CREATE TABLE b (k1 int, k2 text, doc jsonb, PRIMARY KEY (k1, k2));
@@ -128,23 +124,6 @@ def test_random_workloads(
         db.drop()
 
 
-def _child(config: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), json.dumps(config), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out + err
-
-
 def test_crashes_and_lost_state(pg: Database, tmp_path: Path) -> None:
     newest_only(pg.version)
     rng = random.Random(7)
@@ -160,25 +139,25 @@ def test_crashes_and_lost_state(pg: Database, tmp_path: Path) -> None:
     ]
     play(pg, workload[:30])
     # Die right after the second batch's Delta commits, before Spark records the batch.
-    code, output = _finish(_child(config, "--exit-after-batches", "2"))
+    code, output = finish_child(start_child(config, "--exit-after-batches", "2"))
     assert code == 3, output
     # The slot sends the batch again; the targets already hold it and skip its rows.
     play(pg, workload[30:40])
-    code, output = _finish(_child(config))
+    code, output = finish_child(start_child(config))
     assert code == 0, output
     first = output.split("\n", 1)[0].split()
     assert first[:2] == ["batch", "0"] and first[5] != "0", output
     assert_identical(pg, config)
     play(pg, workload[40:45])
     # Die at a random moment (start-up, planning, reading, applying).
-    proc = _child(config)
+    proc = start_child(config)
     time.sleep(rng.uniform(6, 12))
     os.killpg(proc.pid, signal.SIGKILL)
-    _finish(proc)
+    finish_child(proc)
     play(pg, workload[45:])
     play(pg, [[("truncate", "c"), ("insert_c", 1, "after truncate")]])
     # Lose the pipeline's state: the targets' own watermarks keep replays out.
     shutil.rmtree(lake / "_pgcdc")
-    code, output = _finish(_child(config))
+    code, output = finish_child(start_child(config))
     assert code == 0 and "caught up" in output, output
     assert_identical(pg, config)

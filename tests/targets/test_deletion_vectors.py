@@ -468,6 +468,26 @@ def test_history_closes_current_versions_only(tmp_path: Path) -> None:
     assert counts[3] == counts[4] == counts[77] == (3, 2) and counts[5] == (2, 1)
 
 
+def test_values_are_read_from_files_of_string_view_columns(tmp_path: Path) -> None:
+    """A file written from DataFusion's results (a reconcile's rows) holds string_view
+    columns: the current versions of keys located there are read and cast to the table's
+    types (Arrow's take has no string_view kernel: every such update failed)."""
+    path = str(tmp_path / "h")
+    write_deltalake(
+        path, pa.table({"id": pa.array([0], pa.int64()), "v": ["x"]}), configuration=_DV
+    )
+    viewed = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), "v": pa.array(["a", "b", "c"], pa.string_view())}
+    )
+    write_deltalake(path, viewed, mode="append")
+    mor = MergeOnReadTable(DeltaTable(path))
+    keys = pa.table({"id": pa.array([3, 1], pa.int64())})
+    matches = RowLocator(mor, ["id"]).locate(keys, columns=["v"])
+    assert matches.values is not None
+    assert matches.values.column("v").type == pa.string()
+    assert matches.values.column("v").to_pylist() == ["c", "a"]
+
+
 # -- writers in each other's way ----------------------------------------------------------------
 
 

@@ -5,9 +5,11 @@ work on Spark (`pgcdc.spark`).
 * `Pipeline` runs a `PipelineConfig` (`load_config` reads ``pipeline.toml``);
 * `verify` compares targets with their source tables row by row;
 * the rooms inside: the driver's loop (`_driver`), the start-up decision and its table
-  (`_startup`) with the slot's lineage (`_lineage`), tables followed by OID and what the
-  stream does not show (`_bindings`), column identity (`_columns`), quarantine records
-  (`_quarantine`), the initial copy (`_copy`) and the work a batch is cut into (`_work`).
+  (`_startup`) with the slot's lineage (`_lineage`), tables followed by OID (`_tables`) and
+  what the stream does not show (`_bindings`), column identity (`_columns`), quarantine
+  records (`_quarantine`), the initial copy (`_copy`) and copies beside the stream
+  (`_online`), a batch applied (`_batch`) and the work it is cut into (`_work`), where that
+  work runs (`_dispatch`).
 """
 
 from pgcdc.pipeline._bindings import BindingError

@@ -19,35 +19,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow.compute as pc
-
 from pgcdc.decoding.catalog import Catalog
-from pgcdc.errors import PgcdcError, SlotNotFound, StorageError
+from pgcdc.errors import PgcdcError, PipelineFailed, SlotLost, SlotNotFound, StorageError
 from pgcdc.monitoring import (
     BATCH_LOG,
     BatchLog,
-    BatchRecord,
     LagReport,
     PipelineMetrics,
     slot_status,
     wal_warnings,
     write_lag,
 )
-from pgcdc.pipeline._bindings import (
-    BindingError,
-    TableBindings,
-    TableEvent,
-    bind_partition,
-    inspect_tables,
-)
+from pgcdc.pipeline._batch import BatchApplier, BatchReport, PipelineStats
 from pgcdc.pipeline._columns import ColumnIdentities
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
-from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
+from pgcdc.pipeline._dispatch import Dispatcher
 from pgcdc.pipeline._lineage import SlotLineage
+from pgcdc.pipeline._online import OnlineCopies, pending_name
 from pgcdc.pipeline._quarantine import Quarantine
 from pgcdc.pipeline._startup import (
     REFUSALS,
@@ -60,17 +51,10 @@ from pgcdc.pipeline._startup import (
     judge_slot,
     tables_to_copy,
 )
-from pgcdc.pipeline._work import (
-    TableOutcome,
-    TableWork,
-    apply_error_line,
-    apply_tables,
-    forget_open_targets,
-    group_work,
-    warm_up,
-)
+from pgcdc.pipeline._tables import FollowedTables
+from pgcdc.pipeline._work import apply_error_line, forget_open_targets, warm_up
 from pgcdc.pipeline.config import PipelineConfig, TableTarget
-from pgcdc.protocol import Decoder, Lsn, Relation, StreamingMode
+from pgcdc.protocol import Lsn, StreamingMode
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.preflight import check_source
@@ -78,9 +62,9 @@ from pgcdc.replication.slots import SlotInfo, connect_sql, create_slot, drop_slo
 from pgcdc.replication.stream import LogicalStream
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._session import Spooler
-from pgcdc.spool._spool import MESSAGES, Spool, SpoolRange, default_spool_dir, load_ranges
+from pgcdc.spool._spool import Spool, default_spool_dir
 from pgcdc.storage import FileIO, open_file_io
-from pgcdc.targets import Target, TargetSpec, open_target
+from pgcdc.targets import Target, open_target
 from pgcdc.types.catalog import TypeCatalog
 
 __all__ = [
@@ -106,45 +90,11 @@ _COPY_STATES = {
 _CATCH_UP_TIMEOUT = 600.0
 
 
-@dataclass(slots=True)
-class BatchReport:
-    batch_id: int
-    changes: int
-    #: Rows applied per target ("schema.table mode"); replayed rows are not counted.
-    applied: dict[str, int]
-    skipped: int
-    last_commit_lsn: Lsn | None
-    last_commit_time: datetime | None
-    seconds: float
-    #: Per table: the seconds its task spent.
-    table_seconds: dict[str, float] = field(default_factory=dict)
-    #: Seconds per phase (`pgcdc.monitoring.BatchRecord.phases`).
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class PipelineStats:
-    batches: int = 0
-    changes: int = 0
-    per_table: dict[str, int] = field(default_factory=dict)
-    last_commit_lsn: Lsn | None = None
-    last_commit_time: datetime | None = None
-    last_batch_at: float | None = None
-    started: float = field(default_factory=time.monotonic)
-
-    def add(self, report: BatchReport) -> None:
-        self.batches += 1
-        self.changes += report.changes
-        for name, count in report.applied.items():
-            self.per_table[name] = self.per_table.get(name, 0) + count
-        if report.last_commit_lsn is not None:
-            self.last_commit_lsn = report.last_commit_lsn
-            self.last_commit_time = report.last_commit_time
-        self.last_batch_at = time.monotonic()
-
-
 class Pipeline:
-    """Runs one configuration on a Spark session (`run`; `stop` from any thread)."""
+    """Runs one configuration on a Spark session (`run`; `stop` from any thread). Its rooms:
+    the tables followed (`tables`: bindings, pending, quarantine), the copies beside the
+    stream (`copies`), the batches (`batches`); the driver itself decides the start, keeps
+    the replication session and cuts the stream into batches."""
 
     def __init__(
         self,
@@ -158,8 +108,6 @@ class Pipeline:
         self.config = config
         self._spark = spark
         self._dispatcher = dispatcher
-        #: Applies small batches in this process (`_run_tasks`).
-        self._inline = InlineDispatcher(parallelism=2)
         self.on_batch = on_batch
         self.on_copy = on_copy
         self.copy_progress: dict[str, TableProgress] = {}
@@ -179,30 +127,41 @@ class Pipeline:
         #: The start's decision (`prepare`), and what happened to the slot, for messages.
         self.decision: Decision | None = None
         self._what_happened = ""
-        self.bindings: TableBindings | None = None
-        self.quarantine = Quarantine(self.state)
+        self.tables = FollowedTables(config, self.targets, self.state, on_resync=self._resync)
+        self.copies = OnlineCopies(
+            config,
+            self.state,
+            self.tables,
+            self.types,
+            copier=self._copier,
+            open_target=self._open,
+            progress=lambda: self.copy_progress,
+        )
+        self.batches = BatchApplier(
+            config,
+            self.tables,
+            self.copies,
+            self.types,
+            BatchLog(self.state.child(BATCH_LOG)),
+            dispatcher=lambda: self.dispatcher,
+        )
         #: What `watch_wal` last found wrong with the slot's retained WAL (None: nothing).
         self.wal_warning: str | None = None
         self._wal_checked = float("-inf")
-        self._unbound: set[int] = set()
-        #: Tables whose targets wait for a copy, or are quarantined: their changes go to
-        #: their pending change log.
-        self.pending: set[str] = set()
-        #: Copies running while the stream goes on (`_copy_online`); the tables they copied.
-        self._copies: list[threading.Thread] = []
-        self._online_done: set[str] = set()
-        #: Tables whose copy while streaming failed, with the error (`_drain_copied`).
-        self._copy_failures: dict[str, str] = {}
-        #: When the tables were last checked for what the stream does not show (`_watch`).
-        self._tables_checked = time.monotonic()
         self._lag_checked = float("-inf")
-        self._warned: set[str] = set()
         self._stopping = threading.Event()
-        self._relations: dict[bytes, Relation] = {}
         self.spooler: Spooler | None = None
-        self.batch_log = BatchLog(self.state.child(BATCH_LOG))
         #: The Prometheus endpoint, while `run` runs with ``[metrics] port`` set.
         self.metrics: PipelineMetrics | None = None
+
+    @property
+    def pending(self) -> set[str]:
+        """Tables whose changes go to their pending change log (`FollowedTables.pending`)."""
+        return self.tables.pending
+
+    @property
+    def quarantine(self) -> Quarantine:
+        return self.tables.quarantine
 
     def _open(self, spec: TableTarget) -> Target:
         """A target of the configuration, typing with the types met so far."""
@@ -235,266 +194,11 @@ class Pipeline:
             self._dispatcher = SparkDispatcher(self._spark)
         return self._dispatcher
 
-    # -- a batch -----------------------------------------------------------------------------
-
-    def _relation(self, encoded: bytes) -> Relation:
-        relation = self._relations.get(encoded)
-        if relation is None:
-            message = Decoder(1).decode(encoded)
-            assert isinstance(message, Relation)
-            relation = self._relations[encoded] = message
-        return relation
-
-    def _table_of(self, relid: int, relation: Relation | None) -> str | None:
-        if relid == MESSAGES or relid in self._unbound:
-            return None
-        bindings = self.bind()
-        table = bindings.table_of(relid)
-        if table is None:
-            table = bind_partition(self.config.conninfo, bindings, relid)
-            if table is not None:
-                self._tables_checked = float("-inf")  # an attached partition: look now
-            elif relation is not None:
-                name = f"{relation.namespace}.{relation.relname}"
-                for configured, current in bindings.current_names.items():
-                    if name in (configured, current):
-                        raise PipelineFailed(
-                            f"table {name} was dropped and created again while the pipeline "
-                            f"ran (OID {bindings.oids[configured]}, now {relid}): its "
-                            "targets hold the old table; move them away (or delete them) "
-                            f"and remove {configured} from the pipeline's tables.json to copy "
-                            "the new one"
-                        )
-                self._unbound.add(relid)
-        return table
-
-    def plan_work(self, ranges: dict[int, list[SpoolRange]]) -> list[TableWork]:
-        """One `TableWork` per configured table with changes in `ranges` (a batch's), its
-        column types resolved here (the answers go with the work)."""
-        per_table: dict[str, list[SpoolRange]] = {}
-        for relid, found in ranges.items():
-            last = found[-1].versions[-1] if found and found[-1].versions else None
-            table = self._table_of(relid, None if last is None else self._relation(last))
-            if table is not None:
-                per_table.setdefault(table, []).extend(found)
-        works = []
-        bindings = self.bind()
-        for table, found in per_table.items():
-            oids = sorted(
-                {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
-            )
-            works.append(
-                TableWork(
-                    table,
-                    tuple(s.spec for s, _ in self.targets[table]),
-                    tuple(found),
-                    self.types.describe(oids),
-                    self.config.app_id,
-                    self.config.conninfo,
-                    on_error=self.config.on_error.get(table, "stop"),
-                    own_oid=bindings.oids.get(table),
-                    leaves=frozenset(bindings.leaves.get(table, ())),
-                    pending_log=self._pending_path(table),
-                    pending=table in self.pending,
-                    storage_options=self.state.storage_options,
-                    changes=sum(r.changes for r in found),
-                )
-            )
-        return works
-
-    def _run_tasks(self, works: list[TableWork]) -> tuple[list[TableOutcome], str]:
-        """The batch's tables applied: by the driver itself when the batch is small (a
-        Spark job's set-up would cost more), else by a Spark job; and which ("inline",
-        "job"). Tasks that do not run on this machine (a cluster's, a Spark Connect server's)
-        get the tables' changes read from the spool into their work: only the driver can read
-        it."""
-        if not works:
-            return [], "inline"
-        small = sum(w.changes for w in works) <= self.config.inline_max_changes
-        dispatcher = self._inline if small else self.dispatcher
-        if not dispatcher.same_host:
-            works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
-        groups = group_work(works, dispatcher.parallelism)
-        try:
-            results = dispatcher.map(apply_tables, groups)
-        except DispatchError as exc:
-            raise PipelineFailed(str(exc)) from None
-        return [outcome for result in results for outcome in result], ("inline" if small else "job")
-
-    def apply_batch(self, batch_id: int, start: Lsn, end: Lsn) -> BatchReport:
-        """Apply the spooled transactions ending in (start, end] to every target."""
-        assert self.spooler is not None
-        started = time.monotonic()
-        spool = self.spooler.spool
-        info = spool.batch(start, end)
-        works = self.plan_work(spool.ranges(start, end))
-        planned = time.monotonic()
-        outcomes, how = self._run_tasks(works)
-        phases = {"plan": planned - started, how: time.monotonic() - planned}
-        for outcome in outcomes:
-            for phase, seconds in outcome.phases.items():
-                phases[phase] = phases.get(phase, 0.0) + seconds
-        applied: dict[str, int] = {}
-        skipped = 0
-        for outcome in outcomes:
-            applied.update(outcome.applied)
-            skipped += outcome.skipped
-            if outcome.error is None:
-                continue
-            if outcome.pending and outcome.table not in self.pending:  # quarantined now
-                first = Lsn(outcome.first_commit_lsn or 0)
-                self._set_aside(outcome.table, outcome.error, str(first))
-            elif not outcome.pending:
-                raise PipelineFailed(
-                    f'{outcome.error}; nothing of it is confirmed (on_error = "quarantine" '
-                    "for this table lets the others stream on)"
-                )
-            else:
-                raise PipelineFailed(f"{outcome.table}: its pending change log: {outcome.error}")
-        report = BatchReport(
-            batch_id,
-            info.changes,
-            applied,
-            skipped,
-            info.last_commit_lsn,
-            info.last_commit_time,
-            time.monotonic() - started,
-            {o.table: o.seconds for o in outcomes},
-            phases,
-        )
-        self.stats.add(report)
-        self._record(report, info.bytes, info.first_commit_lsn, end, outcomes)
-        if self.on_batch is not None:
-            self.on_batch(report)
-        return report
-
-    def _record(
-        self,
-        report: BatchReport,
-        size: int,
-        first: Lsn | None,
-        end: Lsn,
-        outcomes: list[TableOutcome],
-    ) -> None:
-        """The batch's line in the batch log, and the metrics."""
-        now = datetime.now(UTC)
-        assert self.spooler is not None
-        server = self.spooler.server_position or None
-        targets = {
-            name: {"rows": rows, "seconds": report.table_seconds.get(name.rsplit(" ", 1)[0], 0.0)}
-            for name, rows in report.applied.items()
-        }
-        last_time = report.last_commit_time
-        record = BatchRecord(
-            time=now,
-            batch=report.batch_id,
-            changes=report.changes,
-            bytes=size,
-            first_commit_lsn=None if first is None else str(first),
-            last_commit_lsn=None if report.last_commit_lsn is None else str(report.last_commit_lsn),
-            last_commit_time=last_time,
-            server_lsn=None if server is None else str(server),
-            lag_bytes=None if server is None else max(0, int(server) - int(end)),
-            lag_seconds=None if last_time is None else (now - last_time).total_seconds(),
-            seconds=report.seconds,
-            targets=targets,
-            phases={name: round(seconds, 6) for name, seconds in report.phases.items()},
-        )
-        self.batch_log.append(record)
-        if self.metrics is not None:
-            self.metrics.record_batch(record)
-            if report.last_commit_lsn is not None:
-                for outcome in outcomes:
-                    for name in outcome.applied:
-                        self.metrics.set_watermark(name, int(report.last_commit_lsn))
-
-    def bind(self) -> TableBindings:
-        """The configured tables' relation OIDs, resolved or re-checked once per run
-        (`pgcdc.pipeline._bindings`): raises `BindingError` naming a table that cannot be
-        followed; a table whose rows changed since with no change in the stream is
-        resynchronized."""
-        if self.bindings is None:
-            bindings, events = inspect_tables(
-                self.config.conninfo,
-                self.config.publications,
-                self.targets,
-                self.state,
-            )
-            for event in events:
-                if not event.resync:
-                    raise BindingError(event.line)
-            self.bindings = bindings
-            self._react(events)
-        return self.bindings
-
-    def watch_tables(self, every: float = 5.0) -> None:
-        """At most every `every` seconds, look for what the stream cannot show
-        (`pgcdc.pipeline._bindings.inspect_tables`): a table dropped and created again, one that
-        left its publication, stops the pipeline (or sets the table aside, with
-        ``on_error = "quarantine"``); a table that came back to its publication, or gained
-        or lost partitions, is resynchronized while the others stream."""
-        now = time.monotonic()
-        if now - self._tables_checked < every:
-            return
-        self._tables_checked = now
-        bindings, events = inspect_tables(
-            self.config.conninfo,
-            self.config.publications,
-            self.targets,
-            self.state,
-            self.bind(),
-        )
-        for table, routes in self.bind().routes.items():  # partitions bound on the way
-            bindings.routes.setdefault(table, routes)
-        stopping = [e for e in events if e.kind in ("recreated", "publish")]
-        stopping += [
-            e
-            for e in events
-            if e.kind == "unpublished" and self.config.on_error.get(e.table, "stop") == "stop"
-        ]
-        if stopping:
-            raise PipelineFailed(stopping[0].line)
-        for event in events:
-            if event.kind == "gone" and event.table not in self._warned:
-                self._warned.add(event.table)
-                log.warning("%s", event.line)
-            elif event.kind == "unpublished" and event.table not in self.pending:
-                self._set_aside(event.table, event.line, "")
-        self.bindings = bindings
-        self._react(events)
-
-    def _react(self, events: list[TableEvent]) -> None:
-        """Resynchronize the tables `events` say changed with no change in the stream."""
-        resync = []
-        for event in events:
-            if not event.resync or event.table in self.pending:
-                continue
-            on_detach = self.config.on_detach.get(event.table, "remove")
-            if event.kind == "partitions" and not event.attached and on_detach == "keep":
-                log.warning('%s; on_detach = "keep": their rows stay', event.line)
-                continue
-            log.warning("%s", event.line)
-            self.quarantine.request_resync(event.table, event.line)
-            self.pending.add(event.table)
-            resync.append(event.table)
-        if resync and self.config.snapshot and self.spooler is not None:  # (else `start`)
-            self._copy_later(resync, resync=True)
-
-    def _set_aside(self, table: str, reason: str, since: str) -> None:
-        """Quarantine `table`: its changes go to its pending change log from now on."""
-        self.quarantine.add(table, reason, since)
-        self.pending.add(table)
-        if self.metrics is not None:
-            self.metrics.set_quarantined(table, reason)
-        log.error(
-            "%s is quarantined: %s; its changes go to its change log until "
-            "`pgcdc recopy PIPELINE.toml %s`",
-            table,
-            reason,
-            table,
-        )
-
-    # -- the initial copy --------------------------------------------------------------------
+    def _resync(self, tables: list[str]) -> None:
+        """Tables found changed behind the stream: copied again now if the stream runs (at
+        start, `start` finds them in the quarantine records)."""
+        if self.config.snapshot and self.spooler is not None:
+            self.copies.later(tables, resync=True, now=True)
 
     def _copier(self) -> InitialCopy:
         config = self.config
@@ -515,7 +219,7 @@ class Pipeline:
             self.state,
             chunk_blocks=config.chunk_blocks,
             on_progress=progress,
-            source_names=self.bind().current_names,
+            source_names=self.tables.bind().current_names,
             failover=config.failover,
             publications=config.publications,
             lineage=self.lineage,
@@ -625,7 +329,7 @@ class Pipeline:
         }
         for table, progress in self.copy_progress.items():
             if progress.error is not None:
-                self._copy_failed(table, progress.error)
+                self.copies.failed(table, progress.error)
         records = {t: r for t, r in self.quarantine.records().items() if t in self.targets}
         set_aside = {t for t, r in records.items() if r.status == "quarantined"}
         resync = {t for t, r in records.items() if r.status == "resync"} - set_aside
@@ -637,81 +341,17 @@ class Pipeline:
         for table, ready in marked.items():
             if table in waiting | set_aside | resync:
                 self.pending.add(table)
-            elif ready and self.state.exists(_pending_name(table)):
-                self._drain(table)  # a crash came after the copy, before the drain ended
+            elif ready and self.state.exists(pending_name(table)):
+                self.copies.drain(table)  # a crash came after the copy, before the drain ended
         if waiting:
-            self._copy_later(sorted(waiting), resync=False)
+            self.copies.later(sorted(waiting), resync=False, now=False)
         if resync and config.snapshot:
-            self._copy_later(sorted(resync), resync=True)
-
-    def _copy_later(self, tables: list[str], *, resync: bool) -> None:
-        """Copy (or resynchronize) `tables` in a thread while the stream goes on; their
-        changes go to their pending change logs meanwhile."""
-        thread = threading.Thread(
-            target=self._copy_online,
-            args=(tables, resync),
-            name="pgcdc-online-copy",
-            daemon=True,
-        )
-        self._copies.append(thread)
-        if self.spooler is not None:  # running: start now (else when the stream starts)
-            thread.start()
+            self.copies.later(sorted(resync), resync=True, now=False)
 
     def _identity(self) -> tuple[str | None, int | None]:
         with ReplicationConnection.connect(self.config.conninfo) as rconn:
             identity = rconn.identify_system()
         return identity.systemid, identity.timeline
-
-    def _pending_path(self, table: str) -> str:
-        """Where the table's pending change log is (a Delta table in the state)."""
-        return self.state.location(_pending_name(table))
-
-    def _copy_online(self, tables: list[str], resync: bool) -> None:
-        keep = frozenset(t for t in tables if self.config.on_detach.get(t) == "keep")
-        try:
-            _, copied = self._copier().copy_online(tables, resync=resync, keep=keep)
-        except PgcdcError as exc:
-            self._copy_failures.update(dict.fromkeys(tables, str(exc)))
-            return
-        self._online_done.update(copied)
-        for table in set(tables) - copied:
-            self._copy_failures[table] = self.copy_progress[table].error or "failed"
-
-    def _copy_failed(self, table: str, error: str) -> None:
-        """A table's copy failed: with ``on_error = "stop"`` the pipeline stops with one line
-        (the next run copies it again); with "quarantine" the table is set aside."""
-        line = f"copy of {table} failed: {error}"
-        if self.config.on_error.get(table, "stop") == "stop":
-            raise PipelineFailed(f"{line}; it is copied again at the next run")
-        if table not in self.quarantine.records():
-            self._set_aside(table, line, "")
-
-    def _drain(self, table: str) -> None:
-        """The table's copy is in: apply what the stream brought meanwhile (the targets skip
-        what the copy already holds), then forget the pending log."""
-        log = TargetSpec(
-            self._pending_path(table), "changelog", storage_options=self.state.storage_options
-        )
-        pending = open_target(log, app_id=self.config.app_id)
-        if pending.exists:
-            rows = pending.to_arrow()
-            columns = pc.list_flatten(rows.column("columns"))
-            if len(columns):
-                oids = pc.unique(pc.struct_field(columns, "type_oid")).to_pylist()
-                self.types.describe(o for o in oids if o is not None)
-            for spec, _ in self.targets[table]:
-                self._open(spec).apply(rows)
-        self.state.delete_tree(_pending_name(table))
-        self.pending.discard(table)
-        self.quarantine.lift(table)
-
-    def _drain_copied(self) -> None:
-        for table, error in list(self._copy_failures.items()):
-            del self._copy_failures[table]
-            self._copy_failed(table, error)
-        for table in list(self._online_done):
-            self._online_done.discard(table)
-            self._drain(table)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -724,7 +364,7 @@ class Pipeline:
             streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
         directory = config.spool_dir or default_spool_dir(config.slot)
         identities = ColumnIdentities(self._spool_catalog, config.publications)
-        bindings = self.bind()
+        bindings = self.tables.bind()
         for table, targets in self.targets.items():
             recorded = next(
                 (r for _, t in targets if (r := t.recorded_columns()) is not None), None
@@ -789,7 +429,7 @@ class Pipeline:
         )
         check_storage(self.config)
         self.decision = self._decide()
-        self.bind()
+        self.tables.bind()
         self._check_failover()
         _ = self.dispatcher
 
@@ -800,6 +440,7 @@ class Pipeline:
         self.prepare()
         if self.config.metrics_port is not None:
             self.metrics = PipelineMetrics()
+            self.tables.metrics = self.batches.metrics = self.metrics
             self.metrics.start(self.config.metrics_port, self.config.metrics_host)
         try:
             return self._run(tick)
@@ -809,9 +450,7 @@ class Pipeline:
 
     def _run(self, tick: Callable[[], None] | None) -> PipelineStats:
         self.start()
-        for thread in self._copies:
-            if thread.ident is None:
-                thread.start()
+        self.copies.start_all()
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
         # The Python workers import what the tasks need while the session spools.
@@ -819,9 +458,8 @@ class Pipeline:
         self.dispatcher.map(warm_up, range(self.dispatcher.parallelism))
         try:
             self._stream(spooler, start, tick)
-            for thread in self._copies:  # available-now: the copies finish before the run
-                thread.join()
-            self._drain_copied()
+            self.copies.join_all()  # available-now: the copies finish before the run
+            self.copies.finish()
         except PipelineFailed:
             raise
         except PgcdcError as exc:
@@ -844,9 +482,9 @@ class Pipeline:
             if tick is not None and now - last_tick >= 0.5:
                 tick()
                 last_tick = now
-            self._drain_copied()
+            self.copies.finish()
             self.watch_wal()
-            self.watch_tables()
+            self.tables.watch()
             self.watch_lag(applied)
             spooler.check()
             end, _ = spooler.spool.plan(
@@ -864,7 +502,10 @@ class Pipeline:
                 self._stopping.wait(next_batch - now)
                 continue
             next_batch = now + interval
-            self.apply_batch(batch_id, applied, end)
+            report = self.batches.apply(batch_id, spooler, applied, end)
+            self.stats.add(report)
+            if self.on_batch is not None:
+                self.on_batch(report)
             batch_id += 1
             spooler.confirm(end)
             applied = end
@@ -967,21 +608,8 @@ def check_storage(config: PipelineConfig) -> None:
             raise StorageError(f"{setting} {exc}") from None
 
 
-def _pending_name(table: str) -> str:
-    """The pending change log of `table` in the pipeline's state (a Delta table)."""
-    return f"pending/{table}"
-
-
 def _slot_or_none(conninfo: str, slot: str) -> SlotInfo | None:
     try:
         return get_slot(conninfo, slot)
     except SlotNotFound:
         return None
-
-
-class SlotLost(PgcdcError):
-    """The pipeline's slot no longer exists though its targets hold data."""
-
-
-class PipelineFailed(PgcdcError):
-    """The pipeline stopped with an error (the first line of it, cleaned up)."""

@@ -19,6 +19,7 @@ so the batch still completes.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,8 @@ from pgcdc.spool._spool import SpoolRange, read_envelope
 from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeDescriptions
 from pgcdc.types.registry import TypeRegistry
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "TableOutcome",
@@ -181,6 +184,7 @@ def _apply(work: TableWork) -> TableOutcome:
         for spec in work.targets:  # its state may be half-way: open it anew next time
             _OPEN.pop((spec.path, spec.mode, work.app_id), None)
         outcome.error = apply_error_line(work.table, rows, exc)
+        log.debug("%s", outcome.error, exc_info=True)  # the traceback, for a bug report
         if work.on_error == "quarantine" and not work.pending:
             _log(work, rows, outcome)
     outcome.seconds = time.monotonic() - started

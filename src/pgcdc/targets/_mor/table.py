@@ -232,7 +232,7 @@ class MergeOnReadTable:
             data = parquet.read(columns=wanted)
             count = parquet.metadata.num_rows
         else:
-            data, count = _read_rows(parquet, wanted, rows), len(rows)
+            data, count = _read_rows(parquet, wanted, rows, schema), len(rows)
         arrays = []
         for name in names:
             kind = schema.field(name).type
@@ -283,14 +283,21 @@ def _live_rows(table_dir: str, state: LogState) -> int:
     return total
 
 
-def _read_rows(parquet: pq.ParquetFile, names: list[str], rows: Rows) -> pa.Table:
-    """Rows `rows` (any order) of a Parquet file, reading only their row groups."""
+def _read_rows(
+    parquet: pq.ParquetFile, names: list[str], rows: Rows, schema: pa.Schema
+) -> pa.Table:
+    """Rows `rows` (any order) of a Parquet file, reading only their row groups, its columns
+    cast to the table's types first (a file written from DataFusion's results holds
+    string_view columns, which Arrow's take does not handle)."""
     sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
     starts = np.r_[0, np.cumsum(sizes)].astype(np.int64)
     wanted = rows.astype(np.int64)
     group = np.searchsorted(starts, wanted, side="right") - 1
     groups = np.unique(group)
     data = parquet.read_row_groups(groups.tolist(), columns=names)
+    data = pa.Table.from_arrays(
+        [data.column(n).cast(schema.field(n).type) for n in names], names=names
+    )
     read_starts = np.r_[0, np.cumsum([sizes[g] for g in groups])].astype(np.int64)
     local = read_starts[np.searchsorted(groups, group)] + (wanted - starts[group])
     return data.take(pa.array(local))

@@ -1,0 +1,241 @@
+"""A batch of spooled transactions applied to every target: one `TableWork` per table with
+changes (its column types resolved on the driver), run by the driver itself when the batch is
+small, else by a Spark job; a table whose changes fail under ``on_error = "quarantine"`` is
+set aside; the batch's line goes to the batch log and the metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from pgcdc.errors import PipelineFailed
+from pgcdc.monitoring import BatchLog, BatchRecord, PipelineMetrics
+from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
+from pgcdc.pipeline._online import OnlineCopies
+from pgcdc.pipeline._tables import FollowedTables
+from pgcdc.pipeline._work import TableOutcome, TableWork, apply_tables, group_work
+from pgcdc.pipeline.config import PipelineConfig
+from pgcdc.protocol import Decoder, Lsn, Relation
+from pgcdc.spool._session import Spooler
+from pgcdc.spool._spool import SpoolRange, load_ranges
+from pgcdc.types.catalog import TypeCatalog
+
+__all__ = ["BatchApplier", "BatchReport", "PipelineStats"]
+
+
+@dataclass(slots=True)
+class BatchReport:
+    batch_id: int
+    changes: int
+    #: Rows applied per target ("schema.table mode"); replayed rows are not counted.
+    applied: dict[str, int]
+    skipped: int
+    last_commit_lsn: Lsn | None
+    last_commit_time: datetime | None
+    seconds: float
+    #: Per table: the seconds its task spent.
+    table_seconds: dict[str, float] = field(default_factory=dict)
+    #: Seconds per phase (`pgcdc.monitoring.BatchRecord.phases`).
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    batches: int = 0
+    changes: int = 0
+    per_table: dict[str, int] = field(default_factory=dict)
+    last_commit_lsn: Lsn | None = None
+    last_commit_time: datetime | None = None
+    last_batch_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, report: BatchReport) -> None:
+        self.batches += 1
+        self.changes += report.changes
+        for name, count in report.applied.items():
+            self.per_table[name] = self.per_table.get(name, 0) + count
+        if report.last_commit_lsn is not None:
+            self.last_commit_lsn = report.last_commit_lsn
+            self.last_commit_time = report.last_commit_time
+        self.last_batch_at = time.monotonic()
+
+
+class BatchApplier:
+    """Applies batches of one pipeline. `dispatcher` gives where a batch too large for the
+    driver runs (the Spark session is started on first use)."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        tables: FollowedTables,
+        copies: OnlineCopies,
+        types: TypeCatalog,
+        batch_log: BatchLog,
+        *,
+        dispatcher: Callable[[], Dispatcher],
+    ) -> None:
+        self.config = config
+        self.tables = tables
+        self.copies = copies
+        self.types = types
+        self.batch_log = batch_log
+        self._dispatcher = dispatcher
+        #: Applies small batches in this process (`run_tasks`).
+        self._inline = InlineDispatcher(parallelism=2)
+        #: The gauges to keep, while the pipeline serves metrics.
+        self.metrics: PipelineMetrics | None = None
+        self._relations: dict[bytes, Relation] = {}
+
+    def _relation(self, encoded: bytes) -> Relation:
+        relation = self._relations.get(encoded)
+        if relation is None:
+            message = Decoder(1).decode(encoded)
+            assert isinstance(message, Relation)
+            relation = self._relations[encoded] = message
+        return relation
+
+    def plan_work(self, ranges: dict[int, list[SpoolRange]]) -> list[TableWork]:
+        """One `TableWork` per configured table with changes in `ranges` (a batch's), its
+        column types resolved here (the answers go with the work)."""
+        tables = self.tables
+        per_table: dict[str, list[SpoolRange]] = {}
+        for relid, found in ranges.items():
+            last = found[-1].versions[-1] if found and found[-1].versions else None
+            table = tables.table_of(relid, None if last is None else self._relation(last))
+            if table is not None:
+                per_table.setdefault(table, []).extend(found)
+        works = []
+        bindings = tables.bind()
+        config = self.config
+        for table, found in per_table.items():
+            oids = sorted(
+                {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
+            )
+            works.append(
+                TableWork(
+                    table,
+                    tuple(s.spec for s, _ in tables.targets[table]),
+                    tuple(found),
+                    self.types.describe(oids),
+                    config.app_id,
+                    config.conninfo,
+                    on_error=config.on_error.get(table, "stop"),
+                    own_oid=bindings.oids.get(table),
+                    leaves=frozenset(bindings.leaves.get(table, ())),
+                    pending_log=self.copies.pending_location(table),
+                    pending=table in tables.pending,
+                    storage_options=tables.state.storage_options,
+                    changes=sum(r.changes for r in found),
+                )
+            )
+        return works
+
+    def run_tasks(self, works: list[TableWork]) -> tuple[list[TableOutcome], str]:
+        """The batch's tables applied: by the driver itself when the batch is small (a
+        Spark job's set-up would cost more), else by a Spark job; and which ("inline",
+        "job"). Tasks that do not run on this machine (a cluster's, a Spark Connect server's)
+        get the tables' changes read from the spool into their work: only the driver can read
+        it."""
+        if not works:
+            return [], "inline"
+        small = sum(w.changes for w in works) <= self.config.inline_max_changes
+        dispatcher = self._inline if small else self._dispatcher()
+        if not dispatcher.same_host:
+            works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
+        groups = group_work(works, dispatcher.parallelism)
+        try:
+            results = dispatcher.map(apply_tables, groups)
+        except DispatchError as exc:
+            raise PipelineFailed(str(exc)) from None
+        return [outcome for result in results for outcome in result], ("inline" if small else "job")
+
+    def apply(self, batch_id: int, spooler: Spooler, start: Lsn, end: Lsn) -> BatchReport:
+        """Apply the spooled transactions ending in (start, end] to every target."""
+        started = time.monotonic()
+        spool = spooler.spool
+        info = spool.batch(start, end)
+        works = self.plan_work(spool.ranges(start, end))
+        planned = time.monotonic()
+        outcomes, how = self.run_tasks(works)
+        phases = {"plan": planned - started, how: time.monotonic() - planned}
+        for outcome in outcomes:
+            for phase, seconds in outcome.phases.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+        applied: dict[str, int] = {}
+        skipped = 0
+        for outcome in outcomes:
+            applied.update(outcome.applied)
+            skipped += outcome.skipped
+            self._judge(outcome)
+        report = BatchReport(
+            batch_id,
+            info.changes,
+            applied,
+            skipped,
+            info.last_commit_lsn,
+            info.last_commit_time,
+            time.monotonic() - started,
+            {o.table: o.seconds for o in outcomes},
+            phases,
+        )
+        self._record(report, spooler, info.bytes, info.first_commit_lsn, end, outcomes)
+        return report
+
+    def _judge(self, outcome: TableOutcome) -> None:
+        """A table's failed outcome: quarantined now (its changes went to its pending log),
+        or the pipeline stops with its line."""
+        if outcome.error is None:
+            return
+        if outcome.pending and outcome.table not in self.tables.pending:  # quarantined now
+            first = Lsn(outcome.first_commit_lsn or 0)
+            self.tables.set_aside(outcome.table, outcome.error, str(first))
+        elif not outcome.pending:
+            raise PipelineFailed(
+                f'{outcome.error}; nothing of it is confirmed (on_error = "quarantine" '
+                "for this table lets the others stream on)"
+            )
+        else:
+            raise PipelineFailed(f"{outcome.table}: its pending change log: {outcome.error}")
+
+    def _record(
+        self,
+        report: BatchReport,
+        spooler: Spooler,
+        size: int,
+        first: Lsn | None,
+        end: Lsn,
+        outcomes: list[TableOutcome],
+    ) -> None:
+        """The batch's line in the batch log, and the metrics."""
+        now = datetime.now(UTC)
+        server = spooler.server_position or None
+        targets = {
+            name: {"rows": rows, "seconds": report.table_seconds.get(name.rsplit(" ", 1)[0], 0.0)}
+            for name, rows in report.applied.items()
+        }
+        last_time = report.last_commit_time
+        record = BatchRecord(
+            time=now,
+            batch=report.batch_id,
+            changes=report.changes,
+            bytes=size,
+            first_commit_lsn=None if first is None else str(first),
+            last_commit_lsn=None if report.last_commit_lsn is None else str(report.last_commit_lsn),
+            last_commit_time=last_time,
+            server_lsn=None if server is None else str(server),
+            lag_bytes=None if server is None else max(0, int(server) - int(end)),
+            lag_seconds=None if last_time is None else (now - last_time).total_seconds(),
+            seconds=report.seconds,
+            targets=targets,
+            phases={name: round(seconds, 6) for name, seconds in report.phases.items()},
+        )
+        self.batch_log.append(record)
+        if self.metrics is not None:
+            self.metrics.record_batch(record)
+            if report.last_commit_lsn is not None:
+                for outcome in outcomes:
+                    for name in outcome.applied:
+                        self.metrics.set_watermark(name, int(report.last_commit_lsn))

@@ -1,10 +1,10 @@
 """pytest fixtures for real clusters and object stores, each started on first use and stopped
 at the end of the session: ``standalone_cluster``, ``connect_server``, ``moto_s3``,
-``azurite``. Their logs stay under pytest's base temporary directory (``cluster_logs``);
-a failed test that used one of them shows where (see ``conftest.py`` beside this file).
+``azurite``. Their logs stay under pytest's base temporary directory (``cluster_logs``).
 
-Tests outside ``tests/clusters`` get them with ``pytest_plugins = ["clusters.fixtures"]`` in
-``tests/conftest.py`` (``tests/`` is on sys.path in pytest's default rootdir mode).
+``tests/conftest.py`` registers this module as a plugin (``pytest_plugins``), so every test
+of the suite shares these servers; a failed test that used one of them gets the servers' last
+log lines (and the executors' stderr) in its report.
 
 Resources on this 2-core machine: the standalone cluster is a master and two workers (JVMs
 of 384 MB heap) whose executors get 1 GB each while an application runs; the Connect server
@@ -14,14 +14,14 @@ only cores while it lives: two drivers on the cluster at once run one after the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from .objectstores import Azurite, MotoS3
-from .processes import StartError
+from .processes import ServerProcess, StartError, tail
 from .spark import ConnectServer, StandaloneCluster, private_tmp_supported
 
 T = TypeVar("T")
@@ -89,3 +89,33 @@ def azurite(cluster_logs: Path) -> Iterator[Azurite]:
     server = _started(Azurite(log_dir=cluster_logs / "azurite").start)
     yield server
     server.stop()
+
+
+_SERVERS = ("standalone_cluster", "connect_server", "moto_s3", "azurite")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
+    report = yield
+    if report.when == "call" and report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for name in _SERVERS:
+            server = funcargs.get(name)
+            if server is None:
+                continue
+            procs = [
+                getattr(server, "master", None),
+                *getattr(server, "worker_procs", ()),
+                getattr(server, "proc", None),
+            ]
+            parts = [
+                f"--- {proc.log}\n{tail(proc.log, 30)}"
+                for proc in procs
+                if isinstance(proc, ServerProcess)
+            ]
+            if name == "standalone_cluster":
+                parts.append(server.executor_logs())
+            report.sections.append((f"{name} logs", "\n".join(parts)))
+    return report

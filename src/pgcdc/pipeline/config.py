@@ -214,9 +214,14 @@ class PipelineConfig:
         properties = self.table_properties or None
         for table, modes in self.tables.items():
             for mode in modes:
-                path = join_location(self.target_path, f"{table}{_SUFFIX[mode]}")
+                path = target_path(self.target_path, table, mode)
                 out.append(TableTarget(table, mode, path, options, properties))  # type: ignore[arg-type]
         return out
+
+
+def target_path(base: str, table: str, mode: str) -> str:
+    """Where the `mode` target of `table` ("schema.table") is in the lake at `base`."""
+    return join_location(base, f"{table}{_SUFFIX[mode]}")
 
 
 #: Every key the configuration knows, per section ("" is the top level): a misspelt key is

@@ -714,22 +714,25 @@ class TargetCheck:
     source_copies: int = 0  # source rows identical to another one (identity FULL)
     rows: list[str] = field(default_factory=list)  # the rows that differ
     versions: list[str] = field(default_factory=list)  # history: versions twice, overlaps
+    absent: list[str] = field(default_factory=list)  # the source's columns the target lacks
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.extra or self.versions)
+        return not (self.lost or self.duplicated or self.extra or self.versions or self.absent)
 
     def short(self) -> str:
         text = f"{self.target} lost {self.lost} dup {self.duplicated} extra {self.extra}"
         if self.source_copies:
             text += f" (source: {self.source_copies} rows with an identical twin)"
-        return text + (f" bad versions {len(self.versions)}" if self.versions else "")
+        text += f" bad versions {len(self.versions)}" if self.versions else ""
+        return text + (f" lacks columns {self.absent}" if self.absent else "")
 
     def __str__(self) -> str:
         head = (
             f"{self.target}: source {self.source_rows} rows, target {self.target_rows}; "
             f"lost {self.lost}, duplicated {self.duplicated}, extra {self.extra}, "
             f"{len(self.versions)} version problems"
+            + (f"; the target lacks the source's columns {self.absent}" if self.absent else "")
         )
         return "\n    ".join([head, *self.rows[:10], *self.versions[:10]])
 
@@ -742,9 +745,14 @@ def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
 
     check = TargetCheck(f"{table} {mode}")
     source = source_rows(dsn, table)
-    names = source.column_names
     target = DeltaTarget(path, mode, app_id=APP_ID)
     data = target.to_arrow() if target.exists else None
+    # (a column the target lacks is a difference; the rows compare on the others)
+    check.absent = [
+        n for n in source.column_names if data is not None and n not in data.schema.names
+    ]
+    names = [n for n in source.column_names if n not in check.absent]
+    source = source.select(names)
     if data is not None and mode == "history":
         _check_versions(check, data, names, KEYS[table])
         data = data.filter(pc.is_null(data.column("__END_AT")))
@@ -1534,3 +1542,37 @@ def test_a_copy_goes_on_while_a_truncate_waits_for_it(spark: Any, tmp_path: Path
             f"by, mode, query): {waits}"
         )
         assert_identical(db, config)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: rows in a file a MERGE wrote (the reconcile after a table left the publication "
+    "and came back) cannot be updated: delta-rs writes string columns as Utf8View, "
+    "pgcdc.targets._mor reads them with pyarrow and take() has no string_view kernel (found by "
+    "the failover scenarios, seeds 41 and 42: the final run stopped on every start)",
+)
+def test_rows_a_reconcile_rewrote_take_later_changes(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """A table leaves the publication and comes back: its targets are reconciled with a new
+    copy (a MERGE). A later update of rows the MERGE rewrote must apply (merge-on-read: the
+    history's closed versions are read back from the file they are in)."""
+    from spark.helpers import assert_identical, run_pipeline
+
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n int);"
+        "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g;"
+        "CREATE PUBLICATION p FOR TABLE t"
+    )
+    config = pipeline_config(pg, "s1", "p", tmp_path / "lake", {"public.t": ["mirror", "history"]})
+    config["source"]["create_slot"] = True
+    run_pipeline(spark, config)
+    pg.execute("ALTER PUBLICATION p DROP TABLE t")
+    pg.execute("UPDATE t SET v = 'x' || id WHERE id <= 25")  # the stream does not carry it
+    pg.execute("ALTER PUBLICATION p ADD TABLE t")
+    pg.execute("UPDATE t SET n = n + 1 WHERE id = 1")
+    run_pipeline(spark, config)  # notices, copies t anew and reconciles
+    run_pipeline(spark, config)
+    pg.execute("UPDATE t SET n = -n WHERE id IN (3, 30)")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)

@@ -11,6 +11,7 @@ line per event, flushed, so the test can time its kills on them:
     copy <chunks done>/<chunks planned> chunks, <rows> rows
     batch <id> changes <n> skipped <n> last <commit LSN> applied <per target>
     caught up
+    stopped: <the one line `pgcdc run` says when the pipeline stops with an error>
 
 A crash point ends the process with ``os._exit(3)`` (no cleanup, like a kill) at a moment
 random timing rarely hits; the functions are wrapped here, in the child, never in `src`:
@@ -29,6 +30,7 @@ import sys
 from typing import Any
 
 CRASH_EXIT = 3
+STOPPED_EXIT = 1
 
 
 def say(line: str) -> None:
@@ -62,6 +64,7 @@ def main() -> None:
         if crash_at not in ("slot-created", "chunk", "batch"):
             raise SystemExit(f"unknown crash point {crash_at!r}")
 
+    from pgcdc.errors import PgcdcError
     from pgcdc.pipeline import BatchReport, Pipeline, TableProgress
     from pgcdc.pipeline.config import parse_config
     from pgcdc.spark.session import local_session
@@ -112,7 +115,11 @@ def main() -> None:
 
     spark = local_session("pgcdc-fault-test", cores="2")
     say("spark ready")
-    stats = Pipeline(config, spark, on_batch=on_batch, on_copy=on_copy).run()
+    try:
+        stats = Pipeline(config, spark, on_batch=on_batch, on_copy=on_copy).run()
+    except PgcdcError as exc:  # what `pgcdc run` says in one line, exit status 1
+        say(f"stopped: {exc}")
+        os._exit(STOPPED_EXIT)
     say(f"caught up after {stats.batches} batches, {stats.changes} changes")
 
 

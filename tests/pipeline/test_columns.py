@@ -8,10 +8,14 @@ from pgcdc.pipeline._columns import Attribute, resolve_attnums
 INT, TEXT, BIGINT = 23, 25, 20
 
 
-def att(attnum: int, name: str, type_oid: int = INT, *, dropped: bool = False) -> Attribute:
+def att(
+    attnum: int, name: str, type_oid: int = INT, *, dropped: bool = False, xmin: int = 0
+) -> Attribute:
     if dropped:
-        return Attribute(attnum, f"........pg.dropped.{attnum}........", 0, -1, dropped=True)
-    return Attribute(attnum, name, type_oid, -1)
+        return Attribute(
+            attnum, f"........pg.dropped.{attnum}........", 0, -1, dropped=True, xmin=xmin
+        )
+    return Attribute(attnum, name, type_oid, -1, xmin=xmin)
 
 
 def msg(*columns: tuple[str, int]) -> list[tuple[str, int, int]]:
@@ -63,3 +67,26 @@ def test_a_relation_seen_first_with_a_catalog_ahead_is_matched_by_name() -> None
     catalog = [att(1, "id"), att(2, "w"), att(3, "v", TEXT)]
     assert resolve_attnums(msg(("id", INT), ("v", INT)), catalog) == (1, 3)
     assert resolve_attnums(msg(("id", INT), ("gone", INT)), catalog) == (1, 0)
+
+
+def test_a_drop_and_add_of_the_same_name_and_type_is_placed_by_the_transactions() -> None:
+    """``DROP n; ADD n int`` by transaction 700, read from a backlog: the messages before it
+    and after it are the same names and types; a message is after the DDL when its
+    transaction is the DDL's or a later one (the DDL held the table), before it otherwise."""
+    previous = [(1, ("id", INT, -1)), (2, ("v", TEXT, -1)), (3, ("n", INT, -1))]
+    catalog = [att(1, "id"), att(2, "v", TEXT), att(3, "", dropped=True, xmin=700)]
+    catalog.append(att(4, "n", xmin=700))
+    message = msg(("id", INT), ("v", TEXT), ("n", INT))
+    assert resolve_attnums(message, catalog, previous, xid=699) == (1, 2, 3)
+    assert resolve_attnums(message, catalog, previous, xid=700) == (1, 2, 4)
+    assert resolve_attnums(message, catalog, previous, xid=701) == (1, 2, 4)
+    # after the DDL's message, the next one is read from it
+    after = [(1, ("id", INT, -1)), (2, ("v", TEXT, -1)), (4, ("n", INT, -1))]
+    assert resolve_attnums(message, catalog, after, xid=702) == (1, 2, 4)
+    # xids wrap around: 5 comes after 2**32 - 10
+    wrapped = [*catalog[:2], att(3, "", dropped=True, xmin=2**32 - 10)]
+    wrapped.append(att(4, "n", xmin=2**32 - 10))
+    assert resolve_attnums(message, wrapped, previous, xid=5) == (1, 2, 4)
+    assert resolve_attnums(message, wrapped, previous, xid=2**32 - 11) == (1, 2, 3)
+    # no xid known (a catalog without them): the fewest changes, as before
+    assert resolve_attnums(message, catalog, previous) == (1, 2, 3)

@@ -1573,12 +1573,6 @@ def test_rows_a_reconcile_rewrote_take_later_changes(
     assert_identical(pg, config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a row changed earlier in the same batch keeps the dropped column's value under "
-    "the name of the column added in its place (mirror and history; found by seed 2, default-2: "
-    "public.a history held n = 2856 where the source has NULL, the run exited 0)",
-)
 @pytest.mark.parametrize(
     "ddl",
     [

@@ -488,6 +488,35 @@ def test_values_are_read_from_files_of_string_view_columns(tmp_path: Path) -> No
     assert matches.values.column("v").to_pylist() == ["c", "a"]
 
 
+def test_a_key_column_with_nulls_in_a_file_is_searched_with_the_batchs_numbers(
+    tmp_path: Path,
+) -> None:
+    """A history re-keyed on a column added later: its ended versions hold no value there.
+    The file's keys (nulls among them) and a batch's (none) must be numbered alike (the
+    file's were hashed, the batch's not: the current version was never found, so it was
+    never closed and the history kept two current versions of the key)."""
+    path = str(tmp_path / "h")
+    data = pa.table(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "k": pa.array([None, 6, None, 7], pa.int32()),
+            "__END_AT": pa.array([1, None, 2, None], pa.int64()),
+        }
+    )
+    write_deltalake(path, data, configuration=_DV)
+    mor = MergeOnReadTable(DeltaTable(path))
+    current = RowLocator(mor, ["k"], RowCondition(null=("__END_AT",)))
+    found = current.locate(pa.table({"k": pa.array([7, 6, 5], pa.int32())}), columns=["id"])
+    assert found.values is not None and found.values.column("id").to_pylist() == [4, 2]
+    # a null key in a batch matches the nulls of the file only (identity full), checked
+    every = RowLocator(mor, ["k"])
+    found = every.locate(pa.table({"k": pa.array([None], pa.int32())}), columns=["id"])
+    assert found.values is not None and sorted(found.values.column("id").to_pylist()) == [1, 3]
+    write_deltalake(path, data.filter(pa.array([False, True, False, True])), mode="overwrite")
+    none = RowLocator(MergeOnReadTable(DeltaTable(path)), ["k"])
+    assert none.locate(pa.table({"k": pa.array([None], pa.int32())})).key_row.size == 0
+
+
 # -- writers in each other's way ----------------------------------------------------------------
 
 

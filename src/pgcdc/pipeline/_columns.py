@@ -21,11 +21,20 @@ fewest columns dropped and the earliest added: the message came before the later
 relation seen for the first time with a catalog already past it is matched by name (the only
 guess there is; 0 where even that fails).
 
+Where the names and types cannot tell (``DROP c; ADD c`` of the same type, a message of the
+backlog: before the DDL, or after it?), the transactions do. A column's ``pg_attribute`` row
+carries the xid of the transaction that last wrote it (``xmin``: the one that added the column,
+or dropped it), and a message comes in a transaction whose xid the stream gives. DDL holds an
+ACCESS EXCLUSIVE lock on the table until it commits, so a transaction that changed the table's
+rows either committed before the DDL took the lock or wrote them after it committed: the
+message is read as after the DDL when its transaction is the DDL's own or a later one (an xid
+that follows the DDL's was taken while the DDL held the table), and as before it otherwise.
+(A transaction that took its xid before the DDL, by writing another table, and wrote this one
+only after the DDL committed, is read as before it: the rare case the rule gets wrong.)
+
 Each Relation message is resolved when it arrives (the spool asks), so that a message the
 server sends again after DDL with the very same names and types (``DROP c; ADD c`` of the
-same type) still tells the new column. What stays out of reach: such a message in a backlog
-whose catalog has moved on (the pipeline stopped or behind while the table changed that way,
-with later DDL): then the catalog cannot say whether a change came before or after the DDL.
+same type) still tells the new column.
 """
 
 from __future__ import annotations
@@ -59,6 +68,8 @@ class Attribute:
     sent: bool = True
     #: The partitioned table's attnum of the same column (its own for a table).
     root_attnum: int = 0
+    #: The xid of the transaction that last wrote its ``pg_attribute`` row (0: not known).
+    xmin: int = 0
 
 
 #: A message's column: (name, type OID, type modifier).
@@ -69,16 +80,18 @@ def resolve_attnums(
     message: Sequence[MessageColumn],
     catalog: Sequence[Attribute],
     previous: Sequence[tuple[int, MessageColumn]] | None = None,
+    xid: int | None = None,
 ) -> tuple[int, ...]:
     """The attnums of the message's columns (0 where none can be told); `previous`: the
-    relation's previous version, (attnum, column) each."""
+    relation's previous version, (attnum, column) each; `xid`: the transaction the message
+    came in."""
+    if previous and all(n for n, _ in previous):
+        found = _forward(message, catalog, previous, xid)
+        if found is not None:
+            return found
     live = [a for a in catalog if not a.dropped and a.sent]
     if [(a.name, a.type_oid, a.type_modifier) for a in live] == list(message):
         return tuple(a.attnum for a in live)
-    if previous and all(n for n, _ in previous):
-        found = _forward(message, catalog, previous)
-        if found is not None:
-            return found
     by_name = {a.name: a.attnum for a in catalog if not a.dropped}
     return tuple(by_name.get(name, 0) for name, _, _ in message)
 
@@ -87,16 +100,18 @@ def _forward(
     message: Sequence[MessageColumn],
     catalog: Sequence[Attribute],
     previous: Sequence[tuple[int, MessageColumn]],
+    xid: int | None = None,
 ) -> tuple[int, ...] | None:
     """The previous version's columns without some dropped since, then some added since:
-    the reading that agrees most with the catalog's names and types (None: no reading fits)."""
+    the reading that agrees most with the catalog's names and types, then with the order of
+    the transactions (see the module docstring; None: no reading fits)."""
     attribute = {a.attnum: a for a in catalog}
     was = dict(previous)
     before = [n for n, _ in previous]
     highest = max(before)
     gone = [n for n in before if not _sent(attribute.get(n))]
     newer = [a.attnum for a in catalog if a.attnum > highest and (a.dropped or a.sent)]
-    best: tuple[int, int, int, tuple[int, ...]] | None = None
+    best: tuple[int, int, int, int, tuple[int, ...]] | None = None
     tried = 0
     for dropped_count in range(len(gone) + 1):
         for dropped in itertools.combinations(gone, dropped_count):
@@ -107,16 +122,41 @@ def _forward(
             for added in itertools.combinations(newer, wanted):
                 tried += 1
                 if tried > _MAX_CHOICES:
-                    return best[3] if best else None
+                    return best[4] if best else None
                 reading = (*kept, *added)
                 score = sum(
                     _agreement(attribute.get(n), c) + _continuity(was.get(n), c)
                     for n, c in zip(reading, message, strict=True)
                 )
-                rank = (score, -dropped_count, -sum(added), reading)
-                if best is None or rank[:3] > best[:3]:
+                order = sum(_in_order(_xmin(attribute, n), xid, n in dropped) for n in gone) + sum(
+                    _in_order(_xmin(attribute, n), xid, n in added) for n in newer
+                )
+                rank = (score, order, -dropped_count, -sum(added), reading)
+                if best is None or rank[:4] > best[:4]:
                     best = rank
-    return None if best is None else best[3]
+    return None if best is None else best[4]
+
+
+def _xmin(attributes: dict[int, Attribute], attnum: int) -> int:
+    found = attributes.get(attnum)
+    return 0 if found is None else found.xmin
+
+
+def _in_order(writer: int, xid: int | None, happened: bool) -> int:
+    """+1 when a reading has the DDL of transaction `writer` (a column added or dropped)
+    `happened` before the message of transaction `xid` exactly when the transactions' order
+    says so, -1 when it has it the other way; 0 when either xid is not known."""
+    if not writer or xid is None:
+        return 0
+    return 1 if happened == _precedes_or_is(writer, xid) else -1
+
+
+def _precedes_or_is(a: int, b: int) -> bool:
+    """Whether xid `a` was assigned before xid `b` or is it: 32-bit xids compared as the
+    server does (modulo 2**32; the special ones, below 3, precede every normal one)."""
+    if a < 3 or b < 3:
+        return a <= b
+    return ((a - b) & 0xFFFFFFFF) == 0 or ((a - b) & 0xFFFFFFFF) >= 0x80000000
 
 
 def _continuity(before: MessageColumn | None, column: MessageColumn) -> int:
@@ -145,7 +185,7 @@ def _agreement(attribute: Attribute | None, column: MessageColumn) -> int:
 #: A relation's attributes, and the partitioned table's attnum of each (by name now).
 _ATTRIBUTES = """
 SELECT a.attnum::int, a.attname::text, a.atttypid::int8, a.atttypmod, a.attisdropped,
-       a.attgenerated <> '', r.attnum::int
+       a.attgenerated <> '', r.attnum::int, a.xmin::text::int8
 FROM pg_catalog.pg_attribute a
 LEFT JOIN pg_catalog.pg_attribute r
   ON r.attrelid = COALESCE(pg_catalog.pg_partition_root(a.attrelid), a.attrelid)
@@ -181,7 +221,7 @@ class ColumnIdentities:
         if columns and all(attnum for attnum, _ in columns):
             self._last.setdefault(relid, list(columns))
 
-    def __call__(self, relation: Relation) -> tuple[int, ...]:
+    def __call__(self, relation: Relation, xid: int | None = None) -> tuple[int, ...]:
         query = self.catalog.query  # type: ignore[attr-defined]
         rows = query(_ATTRIBUTES, (relation.relid,))
         published: set[str] | None = None
@@ -197,11 +237,12 @@ class ColumnIdentities:
                 dropped,
                 not dropped and (name in published if published is not None else not generated),
                 root or 0,
+                int(xmin),
             )
-            for attnum, name, type_oid, type_modifier, dropped, generated, root in rows
+            for attnum, name, type_oid, type_modifier, dropped, generated, root, xmin in rows
         ]
         message = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
-        own = resolve_attnums(message, catalog, self._last.get(relation.relid))
+        own = resolve_attnums(message, catalog, self._last.get(relation.relid), xid)
         if 0 in own:
             log.warning(
                 "%s.%s: the catalog no longer says what column(s) %s are (dropped or renamed "

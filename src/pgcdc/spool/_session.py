@@ -36,7 +36,7 @@ class SpoolWriter(OutputPlugin):
     spool: Spool
 
     def begin(self, ctx: DecodingContext, txn: Transaction) -> None:
-        self.spool.begin()
+        self.spool.begin(txn.xid)
 
     def change(
         self, ctx: DecodingContext, txn: Transaction, relation: Relation, change: Change

@@ -164,11 +164,13 @@ class Spool:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        identify: Callable[[Relation], tuple[int, ...]] | None = None,
+        identify: Callable[[Relation, int | None], tuple[int, ...]] | None = None,
     ) -> None:
         self.directory = Path(directory)
-        #: Says what each column of a Relation message is (its attnums), when it arrives.
+        #: Says what each column of a Relation message is (its attnums), when it arrives,
+        #: given the xid of the transaction it came in.
         self.identify = identify
+        self._xid: int | None = None
         if self.directory.exists():
             shutil.rmtree(self.directory)  # a previous process's: the slot resends it
         self.directory.mkdir(parents=True)
@@ -220,9 +222,10 @@ class Spool:
 
     # -- the writer (replication thread) -------------------------------------------------
 
-    def begin(self) -> None:
-        """A transaction's changes follow. One that was interrupted (a lost connection: the
-        server sends it again whole) is cut off its files."""
+    def begin(self, xid: int | None = None) -> None:
+        """A transaction's changes follow (`xid`: its, when known). One that was interrupted
+        (a lost connection: the server sends it again whole) is cut off its files."""
+        self._xid = xid
         for relid, unit in self._open.items():
             file = self._files[relid]
             file.handle.seek(unit.start)
@@ -238,7 +241,7 @@ class Spool:
         known = self._version_of.get(relation.relid)
         if known is not None and known[0] is relation:
             return known[1]
-        attnums = self.identify(relation) if self.identify is not None else ()
+        attnums = self.identify(relation, self._xid) if self.identify is not None else ()
         encoded = encode(replace(relation, xid=None))  # not a stream block's
         versions = self._versions.setdefault(relation.relid, [])
         if known is not None and versions[known[1]] == (encoded, attnums):

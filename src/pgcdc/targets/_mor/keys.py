@@ -1,10 +1,12 @@
 """Row keys as numbers a sorted index can search (numpy, no I/O).
 
 A key of one column whose values are integers underneath (integers, dates, timestamps,
-decimals of up to 18 digits, booleans), without nulls, is its own number: exact. Any other
-key (strings, several columns, floats, wider decimals, nulls under REPLICA IDENTITY FULL) is
-a 64-bit hash of its columns; a match by hash is then checked against the values
-(`same_keys`), so collisions cost a comparison, never a wrong row.
+decimals of up to 18 digits, booleans) is its own number: exact, unless the column holds nulls
+(the smallest int64 stands for them, and matches are checked). Any other key (strings, several
+columns, floats, wider decimals) is a 64-bit hash of its columns; a match by hash is then
+checked against the values (`same_keys`), so collisions cost a comparison, never a wrong row.
+Which of the two depends on the key's types only: every file and batch of a table are coded
+alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = ["KeyCodes", "key_codes", "same_keys"]
 U64 = npt.NDArray[np.uint64]
 _NULL = np.uint64(0x9E3779B97F4A7C15)
 _MULTIPLIER = np.uint64(0xFF51AFD7ED558CCD)
+#: A null in a key of one integer column (a value too, checked against the key's values).
+_NULL_CODE = np.int64(np.iinfo(np.int64).min)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +154,16 @@ def _column_hash(array: pa.Array) -> U64:
 def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> KeyCodes:
     """The numbers of the keys made of `columns` (same length, typed as the table's)."""
     arrays = [_array(c) for c in columns]
-    if len(arrays) == 1 and _integer_like(arrays[0].type) and not arrays[0].null_count:
-        return KeyCodes(_as_int64(arrays[0]), True)
+    if len(arrays) == 1 and _integer_like(arrays[0].type):
+        # The number space depends on the type alone, so that a file whose key column holds
+        # nulls (versions a new key did not exist for) and a batch without any are searched
+        # with the same numbers: a null is _NULL_CODE, and such codes are checked (`exact`).
+        array = arrays[0]
+        values = _as_int64(array)
+        if array.null_count:
+            valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+            return KeyCodes(np.where(valid, values, _NULL_CODE), False)
+        return KeyCodes(values, True)
     codes = np.zeros(len(arrays[0]) if arrays else 0, np.uint64)
     for array in arrays:
         codes = _mix(codes * _MULTIPLIER + _column_hash(array))

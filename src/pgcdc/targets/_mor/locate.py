@@ -141,7 +141,10 @@ class RowLocator:
                 rows = np.repeat(every, len(key_rows))
                 key_hit = np.tile(key_rows, len(every))
             else:
-                key_hit, rows = self._search(index, codes.codes, key_rows, data, not codes.exact)
+                if index.keys is None and not codes.exact:  # a file without null keys
+                    key_rows = key_rows[_no_null_key(data, key_rows)]
+                check = index.keys is not None
+                key_hit, rows = self._search(index, codes.codes, key_rows, data, check)
             deleted = self.table.deleted_rows(path)
             if deleted.size and rows.size:
                 live = ~contains(deleted, rows)
@@ -399,3 +402,13 @@ def _micros(text: str) -> int:
         value = value.replace(tzinfo=dt.UTC)
     delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _no_null_key(data: list[pa.ChunkedArray], key_rows: _I64) -> npt.NDArray[np.bool_]:
+    """Which of the batch's `key_rows` have a value in every key column (a null key matches
+    no row of a file whose key columns hold none)."""
+    keep = np.ones(len(key_rows), np.bool_)
+    for column in data:
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        keep &= np.asarray(valid, np.bool_)[key_rows]
+    return keep

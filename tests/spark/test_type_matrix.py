@@ -980,6 +980,8 @@ def test_a_value_out_of_range_stops_the_pipeline(
     cannot hold stops the pipeline with one line naming the table, the column, the value and
     where it is (the copy's point and chunk, or the change's LSN); nothing of it is written
     and the slot does not move past it."""
+    if pg.version != 18:
+        pytest.skip("the mapping's ranges are the same on every server; the newest is enough")
     pg.execute(
         "CREATE TYPE dated AS (d date);"
         f"CREATE TABLE o (id int PRIMARY KEY, v {kind}); INSERT INTO o VALUES (1, NULL)"

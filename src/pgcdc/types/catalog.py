@@ -408,7 +408,9 @@ def add_descriptions(registry: TypeRegistry, descriptions: Mapping[int, TypeDesc
             element_codec = build(d.element_oid)
             if oid in registry:  # derived from the element's array_oid
                 return registry.get(oid)
-            codec = array_codec(element_codec, oid, name)
+            codec = array_codec(
+                element_codec, oid, name, nested=registry.holds_arrays(d.element_oid)
+            )
         elif d.typtype == "d" and d.base_oid is not None:
             codec = replace(
                 build(d.base_oid),

@@ -460,7 +460,9 @@ def resolve(registry: TypeRegistry, catalog: CatalogQuery, oids: Iterable[int]) 
 
 class TypeCatalog:
     """The descriptions of the types a pipeline has met, read from `catalog` on first need and
-    again when one turns out stale (`refresh`); `registry` holds their codecs too."""
+    again when one turns out stale (`refresh`); `registry` holds their codecs too, on top of
+    those of the types that need no description (the built-in ones, or the given registry's,
+    which is copied)."""
 
     def __init__(self, catalog: CatalogQuery, registry: TypeRegistry | None = None) -> None:
         from pgcdc.types.registry import DEFAULT_REGISTRY

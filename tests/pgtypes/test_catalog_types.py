@@ -17,7 +17,7 @@ from pgcdc.decoding.catalog import Catalog
 from pgcdc.embedded import Database
 from pgcdc.errors import ValueDecodeError
 from pgcdc.types import DEFAULT_REGISTRY, Multirange, Range, TypeRegistry, UnknownBinary, resolve
-from pgcdc.types.catalog import composite_codec
+from pgcdc.types.catalog import TypeCatalog, composite_codec
 
 from .helpers import stream_inserts
 from .test_arrays import render
@@ -239,3 +239,40 @@ def test_composite_text_and_binary_forms() -> None:
     # a value printed before an attribute was added has fewer fields: the rest are NULL
     assert codec.from_text(b"(1)") == {"a": 1, "b": None}
     assert codec.from_binary(b"\0\0\0\1\0\0\0\x17\0\0\0\4\0\0\0\7") == {"a": 7, "b": None}
+
+
+#: Types with an array type of their own, and a value of that array (text form).
+ELEMENTS = {
+    "enum": ("CREATE TYPE later AS ENUM ('x', 'y z')", b'{x,"y z",NULL}', ["x", "y z", None]),
+    "composite": ("CREATE TYPE later AS (l text, n int)", b'{"(a,1)"}', [{"l": "a", "n": 1}]),
+    "domain": ("CREATE DOMAIN later AS int CHECK (VALUE > 0)", b"{1,2}", [1, 2]),
+    "range": (
+        "CREATE TYPE later AS RANGE (subtype = float8)",
+        b'{"[1.5,2)",empty}',
+        [Range(1.5, 2.0, "[)"), Range(empty=True)],
+    ),
+    "domain over an array": ("CREATE DOMAIN later AS text[]", b'{"{a,b}"}', [["a", "b"]]),
+}
+
+
+@pytest.mark.parametrize("kind", ELEMENTS)
+def test_an_array_met_after_its_element_is_described(pg: Database, kind: str) -> None:
+    """A `TypeCatalog` that has described a type (one table's column) and is then asked for
+    the type's array (another table's, typed apart): the descriptions it gives hold the array,
+    so a registry built from them alone types its values as an array, not as text."""
+    setup, text, value = ELEMENTS[kind]
+    pg.execute(setup)
+    ((element, array),) = pg.execute(
+        "SELECT oid::int8, typarray::int8 FROM pg_type WHERE typname = 'later'"
+    )
+    catalog = Catalog(pg.dsn)
+    try:
+        types = TypeCatalog(catalog)
+        assert element in types.describe([element])
+        described = types.describe([array])
+    finally:
+        catalog.close()
+    assert array in described and element in described
+    codec = described.registry().get(array)
+    assert (codec.structure, codec.element_oid) == ("array", element)
+    assert codec.from_text(text) == value

@@ -38,13 +38,14 @@ from pgcdc.embedded import Database  # noqa: E402
 from pgcdc.errors import ValueOutOfRange  # noqa: E402
 from pgcdc.protocol import Column, Insert, Lsn, Relation, TupleData, Update  # noqa: E402
 from pgcdc.replication import ReplicationClient, StreamOptions  # noqa: E402
-from pgcdc.types import DEFAULT_REGISTRY, TypeRegistry, resolve  # noqa: E402
+from pgcdc.types import DEFAULT_REGISTRY, PgArray, TypeRegistry, resolve  # noqa: E402
 from pgcdc.types.arrow import (  # noqa: E402
     OUT_OF_RANGE_COLUMN,
     UNCHANGED_TOAST_COLUMN,
     ArrowBatchBuilder,
 )
 from pgcdc.types.catalog import composite_codec, enum_codec  # noqa: E402
+from pgcdc.types.columns import TextColumns  # noqa: E402
 from pgcdc.types.mapping import (  # noqa: E402
     MappingOptions,
     arrow_type,
@@ -696,3 +697,67 @@ def test_inet_texts() -> None:
     assert inet_text(ip_interface("::ffff:1.2.3.4")) == "::ffff:1.2.3.4"
     assert inet_text(ip_interface("1:0:0:2:0:0:3:4")) == "1::2:0:0:3:4"
     assert inet_text(ip_network("::/0")) == "::/0"
+
+
+# --- arrays whose elements are arrays ------------------------------------------------------
+
+#: Values of ``tags[]`` (``tags`` a domain over ``text[]``) and ``deep[]`` (``deep`` a domain
+#: over ``tags``), as literals, with the list each one is, or None when the default mapping
+#: cannot hold it (a multi-dimensional array of them; an element with more dimensions, or
+#: another lower bound, than a list holds).
+NESTED_ROWS: list[tuple[str | None, list[Any] | None]] = [
+    (r'{"{a,b}","{}",NULL,"{\"x y\",NULL}","{\"\"}"}', [["a", "b"], [], None, ["x y", None], [""]]),
+    ("{}", []),
+    (None, None),
+    ("{NULL}", [None]),
+    ('{{"{a}","{b}"},{NULL,"{}"}}', None),
+    ("{{NULL,NULL},{NULL,NULL}}", None),
+    ('[0:1]={"{a}","{b}"}', None),
+    ('{"{{a,b},{c,d}}"}', None),
+    ('{"[0:0]={x}"}', None),
+]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_an_array_of_a_domain_over_an_array(pg: Database, binary: bool) -> None:
+    """``tags[]``, ``tags`` a domain over ``text[]``, has one dimension of elements that are
+    arrays: a list of lists (Arrow list<list<string>>, Spark array<array<string>>), in text
+    and binary mode, and through the copy's text columns; a multi-dimensional one is refused
+    (marked under the policy "null"), though its nested lists could pass for one dimension;
+    as a string (arrays = "string") each is the server's text."""
+    pg.execute(
+        "CREATE DOMAIN tags AS text[]; CREATE DOMAIN deep AS tags;"
+        "CREATE TABLE n0 (id int, ts tags[], ds deep[]); CREATE TABLE n (LIKE n0)"
+    )
+    for i, (literal, _) in enumerate(NESTED_ROWS):
+        pg.execute("INSERT INTO n0 VALUES (%s, %s::tags[], %s::deep[])", (i, literal, literal))
+    two_dimensional = "SELECT array_agg(id ORDER BY id) FROM n0 WHERE array_ndims(ts) = 2"
+    assert pg.execute(two_dimensional) == [([4, 5],)]
+    insert = "INSERT INTO n SELECT * FROM n0 ORDER BY id"
+    relation, rows = stream_changes(pg, "n", binary=binary, sql=insert)
+    registry = resolved_registry(pg, relation)
+    nested = pa.list_(pa.field("element", pa.list_(pa.field("element", pa.string()))))
+    spark_nested = st.ArrayType(st.ArrayType(st.StringType(), True), True)
+    null_policy = MappingOptions(on_out_of_range="null")
+    batch = build(relation, rows, registry, null_policy)
+    want = [value for _, value in NESTED_ROWS]
+    marked = [None if v is not None or lit is None else ["ts", "ds"] for lit, v in NESTED_ROWS]
+    for column in relation.columns[1:]:
+        assert batch.schema.field(column.name).type == nested
+        assert spark_type(column.type_oid, -1, registry) == spark_nested
+        assert batch.column(column.name).to_pylist() == want, column.name
+    assert batch.column(OUT_OF_RANGE_COLUMN).to_pylist() == marked
+    # decoded, the two dimensions of NULLs are not a list of two lists of NULLs
+    row, _ = rows[5]
+    decoded = registry.get(relation.columns[1].type_oid).decode(row.kinds[1], row.values[1])
+    assert decoded == PgArray([[None, None], [None, None]], (1, 1))
+    # the copy's path: the server's texts, typed column by column
+    texts = pg.execute("SELECT id::text, ts::text, ds::text FROM n0 ORDER BY id")
+    columns = [pa.array([row[k] for row in texts], pa.string()) for k in range(3)]
+    copied = TextColumns(relation, registry, null_policy, None).batch(columns, len(texts))
+    assert copied.column("ts").to_pylist() == want and copied.column("ds").to_pylist() == want
+    assert copied.column(OUT_OF_RANGE_COLUMN).to_pylist() == marked
+    # as strings: the server's text, in either mode (binary values written back as text)
+    strings = build(relation, rows, registry, MappingOptions(arrays="string"))
+    assert strings.column("ts").to_pylist() == [row[1] for row in texts]
+    assert strings.column("ds").to_pylist() == [row[2] for row in texts]

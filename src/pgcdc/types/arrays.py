@@ -3,7 +3,10 @@
 An array codec is built from its element's codec (`array_codec`); `TypeRegistry.get` builds one
 on first use for every registered type that declares an ``array_oid``, so a type module only has
 to register its element type. Values are nested lists, one level per dimension; an array whose
-lower bounds are not all 1 (``'[0:1]={1,2}'``) becomes a `PgArray`, which keeps them.
+lower bounds are not all 1 (``'[0:1]={1,2}'``) becomes a `PgArray`, which keeps them. The
+elements of an array of a domain over an array are arrays themselves (``tags[]``, ``tags`` a
+domain over ``text[]``: ``{"{a,b}","{}"}`` has one dimension): a one-dimensional one is a list
+of lists, and one of more dimensions is always a `PgArray`, so that the two never look alike.
 
 Text form (``array_out``): ``[lo:hi]...=`` only when a lower bound is not 1, then ``{...}``
 nested once per dimension, elements separated by the element type's delimiter (``;`` for box),
@@ -46,7 +49,9 @@ _FIXED = {21: ("h", 2), 23: ("i", 4), 20: ("q", 8), 26: ("I", 4), 700: ("f", 4),
 @dataclass(frozen=True, slots=True)
 class PgArray:
     """An array with a lower bound other than 1: `values` nested as for a plain array, one
-    lower bound per dimension (a plain list would lose them, and with them the subscripts)."""
+    lower bound per dimension (a plain list would lose them, and with them the subscripts).
+    Also a multi-dimensional array whose elements are arrays (of a domain over an array),
+    whatever its bounds: nested lists would read as a one-dimensional array of them."""
 
     values: list[Any]
     lower_bounds: tuple[int, ...]
@@ -201,10 +206,15 @@ def _dims_from_counts(counts: list[int]) -> list[int]:
 
 
 def parse_array_text(
-    data: bytes, parse: Callable[[bytes], Any], delim: bytes = b",", text: bool = False
+    data: bytes,
+    parse: Callable[[bytes], Any],
+    delim: bytes = b",",
+    text: bool = False,
+    nested: bool = False,
 ) -> Any:
     """The value of an ``array_out`` text, each element read with `parse`. `text` says that
-    `parse` is UTF-8 decoding: an array without quotes is then decoded and split in one go."""
+    `parse` is UTF-8 decoding: an array without quotes is then decoded and split in one go.
+    `nested`: the elements are arrays (a multi-dimensional array is then a `PgArray`)."""
     lowers: list[int] | None = None
     sizes: list[int] | None = None
     try:
@@ -243,6 +253,8 @@ def parse_array_text(
         raise ValueDecodeError(f"array text does not match its dimensions: {data[:200]!r}")
     if len(dims) > 1:
         values = _nest(values, dims)
+        if nested:
+            return PgArray(values, tuple(lowers or [1] * len(dims)))
     if lowers is not None and any(lb != 1 for lb in lowers):
         return PgArray(values, tuple(lowers))
     return values
@@ -256,9 +268,11 @@ def parse_array_binary(
     data: bytes,
     parse: Callable[[bytes], Any],
     fixed: tuple[str, int] | None = None,
+    nested: bool = False,
 ) -> Any:
     """The value of an ``array_send`` form, each element read with `parse`; `fixed` is the
-    `struct` code and width of a fixed-width element type, for the no-NULL fast path."""
+    `struct` code and width of a fixed-width element type, for the no-NULL fast path.
+    `nested`: the elements are arrays (a multi-dimensional array is then a `PgArray`)."""
     try:
         ndim, flags, _element_oid = _HEADER.unpack_from(data)
         if ndim == 0:
@@ -302,7 +316,7 @@ def parse_array_binary(
             raise ValueDecodeError(f"array binary has {len(data) - pos} bytes after its elements")
     if ndim > 1:
         values = _nest(values, dims)
-    if any(lb != 1 for lb in lowers):
+    if any(lb != 1 for lb in lowers) or (nested and ndim > 1):
         return PgArray(values, lowers)
     return values
 
@@ -323,8 +337,11 @@ def _same_parser(element: TypeCodec, builtin_oid: int) -> bool:
     return builtin is not None and builtin.from_text is element.from_text
 
 
-def array_codec(element: TypeCodec, oid: int | None = None, name: str | None = None) -> TypeCodec:
-    """The codec of the array type of `element` (by default its `array_oid`)."""
+def array_codec(
+    element: TypeCodec, oid: int | None = None, name: str | None = None, *, nested: bool = False
+) -> TypeCodec:
+    """The codec of the array type of `element` (by default its `array_oid`); `nested`: the
+    element's values are arrays (it is a domain over an array type)."""
     array_oid = element.array_oid if oid is None else oid
     if array_oid is None:
         raise ValueError(f"type {element.name} has no array type")
@@ -333,9 +350,12 @@ def array_codec(element: TypeCodec, oid: int | None = None, name: str | None = N
     # int() and float() read what the built-in integer and float8 parsers read, minus a
     # Python call per element (their errors become ValueDecodeError in parse_array_text).
     parse = int if _same_parser(element, 23) else float if _same_parser(element, 701) else None
-    from_text = partial(parse_array_text, parse=parse or element.from_text, delim=delim, text=text)
+    from_text = partial(
+        parse_array_text, parse=parse or element.from_text, delim=delim, text=text, nested=nested
+    )
     binary: Callable[[bytes], Any] = element.from_binary or partial(UnknownBinary, element.oid)
-    from_binary = partial(parse_array_binary, parse=binary, fixed=_fixed_layout(element))
+    fixed = _fixed_layout(element)
+    from_binary = partial(parse_array_binary, parse=binary, fixed=fixed, nested=nested)
     return TypeCodec(
         array_oid,
         name or f"{element.name}[]",

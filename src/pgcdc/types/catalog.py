@@ -408,7 +408,9 @@ def add_descriptions(registry: TypeRegistry, descriptions: Mapping[int, TypeDesc
             element_codec = build(d.element_oid)
             if oid in registry:  # derived from the element's array_oid
                 return registry.get(oid)
-            codec = array_codec(element_codec, oid, name)
+            codec = array_codec(
+                element_codec, oid, name, nested=registry.holds_arrays(d.element_oid)
+            )
         elif d.typtype == "d" and d.base_oid is not None:
             codec = replace(
                 build(d.base_oid),
@@ -458,21 +460,30 @@ def resolve(registry: TypeRegistry, catalog: CatalogQuery, oids: Iterable[int]) 
 
 class TypeCatalog:
     """The descriptions of the types a pipeline has met, read from `catalog` on first need and
-    again when one turns out stale (`refresh`); `registry` holds their codecs too."""
+    again when one turns out stale (`refresh`); `registry` holds their codecs too, on top of
+    those of the types that need no description (the built-in ones, or the given registry's,
+    which is copied)."""
 
     def __init__(self, catalog: CatalogQuery, registry: TypeRegistry | None = None) -> None:
         from pgcdc.types.registry import DEFAULT_REGISTRY
 
         self.catalog = catalog
-        self.registry = registry if registry is not None else DEFAULT_REGISTRY.copy()
+        #: The types that need no description (the built-in ones).
+        self.builtin = (registry if registry is not None else DEFAULT_REGISTRY).copy()
+        self.registry = self.builtin.copy()
         self.known = TypeDescriptions()
 
     def describe(self, oids: Iterable[int]) -> TypeDescriptions:
         """The descriptions `oids` need (built-in types need none), read if not known yet.
         Composite types are read again each time (``ALTER TYPE … ADD ATTRIBUTE`` sends
-        nothing a stream sees): the descriptions are never older than the values typed."""
+        nothing a stream sees): the descriptions are never older than the values typed.
+
+        An OID is looked for in the descriptions, never in `registry`: that one also knows
+        the array type of every described type (`TypeRegistry.get` derives it from the
+        element's ``typarray``), yet the descriptions lack it until it is read, and a task
+        typing with them alone would take such an array for an unknown type (its text)."""
         wanted = set(oids)
-        missing = [o for o in wanted if o not in self.known and o not in self.registry]
+        missing = [o for o in wanted if o not in self.known and o not in self.builtin]
         if missing:
             self._learn(describe_types(self.catalog, missing))
         found = self.known.closure(wanted)
@@ -487,10 +498,8 @@ class TypeCatalog:
     def _rebuild(self, fresh: dict[int, TypeDescription]) -> None:
         """Take `fresh` descriptions; the registry is built anew (types built on them, a
         domain or an array, change too)."""
-        from pgcdc.types.registry import DEFAULT_REGISTRY
-
         self.known = self.known.merged(fresh.values())
-        self.registry = DEFAULT_REGISTRY.copy()
+        self.registry = self.builtin.copy()
         add_descriptions(self.registry, self.known)
 
     def _learn(self, found: dict[int, TypeDescription]) -> None:

@@ -35,6 +35,8 @@ line, lseg, box, path, polygon,
 circle, enums, unknown types
 T[]                                   ArrayType(T, containsNull=True);    list<element: T>;
                                       StringType with arrays="string"     string
+                                      (T a domain over an array: an
+                                      array of arrays, one dimension)
 range of T                            StructType(lower T, upper T,        struct<lower, upper,
                                       bounds string, empty boolean)       bounds, empty>
 multirange of T                       ArrayType(the range's struct)       list<struct<...>>
@@ -380,11 +382,16 @@ def _array_mapping(
     # An array column's typmod is its element's (numeric(10,2)[]).
     element = type_mapping(codec.element_oid, typmod, registry, options)
     convert_element = element.convert
+    # Elements that are arrays (a domain over an array) are lists: a list of them is one
+    # dimension, and a multi-dimensional array of them is a PgArray (pgcdc.types.arrays).
+    nested = registry.holds_arrays(codec.element_oid)
 
     def convert(value: Any) -> list[Any]:
         if type(value) is not list:
+            if len(value.lower_bounds) > 1:
+                raise NotRepresentable("is a multi-dimensional array; arrays map to 1-D lists")
             raise NotRepresentable(f"has lower bounds {value.lower_bounds}, not 1")
-        if value and type(value[0]) is list:
+        if value and type(value[0]) is list and not nested:
             raise NotRepresentable("is a multi-dimensional array; arrays map to 1-D lists")
         if convert_element is None:
             return value
@@ -472,7 +479,9 @@ def text_renderer(oid: int, registry: TypeRegistry) -> Converter:
     if structure == "domain" and element is not None:
         return text_renderer(element, registry)
     if structure == "array" and element is not None:
-        return _array_text(text_renderer(element, registry), registry.get(element).delimiter)
+        render_element = text_renderer(element, registry)
+        delimiter = registry.get(element).delimiter
+        return _array_text(render_element, delimiter, nested=registry.holds_arrays(element))
     if structure == "range" and element is not None:
         return partial(_range_text, text_renderer(element, registry))
     if structure == "multirange" and element is not None:
@@ -531,10 +540,12 @@ def _range_text(render: Converter, value: Any) -> str:
     return f"{value.bounds[0]}{lower},{upper}{value.bounds[1]}"
 
 
-def _array_text(render: Converter, delimiter: str) -> Converter:
+def _array_text(render: Converter, delimiter: str, *, nested: bool = False) -> Converter:
     """``array_out``: ``[lo:hi]=`` dimensions when a lower bound is not 1, braces per
     dimension, NULL for nulls; an element is quoted (backslash escapes) when empty, spelling
-    NULL in any case, or holding a quote, backslash, brace, the delimiter or white space."""
+    NULL in any case, or holding a quote, backslash, brace, the delimiter or white space.
+    `nested`: the elements are arrays (lists), so a list is one dimension, and a `PgArray`
+    has one per lower bound."""
     quote = re.compile('[\\\\"{}' + re.escape(delimiter) + _WHITESPACE + "]")
 
     def element(v: Any) -> str:
@@ -555,12 +566,13 @@ def _array_text(render: Converter, delimiter: str) -> Converter:
         values = value
         if isinstance(value, PgArray):
             values = value.values
-        dims = []
+        dims: list[int] = []
         inner = values
-        while type(inner) is list and inner:
+        ndim = len(value.lower_bounds) if isinstance(value, PgArray) else 1 if nested else None
+        while type(inner) is list and inner and len(dims) != ndim:
             dims.append(len(inner))
             inner = inner[0]
-        if isinstance(value, PgArray):
+        if isinstance(value, PgArray) and any(lo != 1 for lo in value.lower_bounds):
             bounds = zip(value.lower_bounds, dims, strict=True)
             prefix = "".join(f"[{lo}:{lo + n - 1}]" for lo, n in bounds) + "="
         if not dims:

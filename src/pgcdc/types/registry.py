@@ -103,8 +103,18 @@ class TypeRegistry:
                     return TypeCodec(oid, f"unknown type {oid}", _text, structure="unknown")
                 from pgcdc.types.arrays import array_codec  # imports this module
 
-                codec = self._arrays[oid] = array_codec(self.codecs[element], oid)
+                nested = self.holds_arrays(element)
+                codec = array_codec(self.codecs[element], oid, nested=nested)
+                self._arrays[oid] = codec
         return codec
+
+    def holds_arrays(self, oid: int) -> bool:
+        """Whether the values of `oid` are arrays: an array type, or a domain over one (whose
+        own array type then holds arrays as its elements)."""
+        codec = self.get(oid)
+        while codec.structure == "domain" and codec.element_oid is not None:
+            codec = self.get(codec.element_oid)
+        return codec.structure == "array"
 
     def __contains__(self, oid: int) -> bool:
         return oid in self.codecs or oid in self._element_of

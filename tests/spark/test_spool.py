@@ -134,5 +134,5 @@ def test_damaged_record_is_reported_with_its_position(tmp_path: Path) -> None:
     with pytest.raises(SpoolError, match=r"spool file .*: record at byte \d+: checksum mismatch"):
         envelope([whole])
     missing = SpoolRange(REL.relid, str(tmp_path / "nowhere"), 0, 10, 1, ())
-    with pytest.raises(SpoolError, match="cannot read spool file .*nowhere: .*No such file"):
+    with pytest.raises(SpoolError, match=r"cannot read spool file .*nowhere: .*No such file"):
         envelope([missing])

@@ -97,8 +97,13 @@ def _typed_batch(
     for field in ("key", "before", "after"):
         maps = batch.column(field)
         present = pc.invert(pc.is_null(maps))
-        flat_keys, flat_items = maps.keys, maps.items  # every entry's, flat
-        parents = pc.list_parent_indices(maps)
+        # every entry's keys and items, flat, and the row each belongs to (from the offsets:
+        # pyarrow 26 aborts in list_parent_indices on a map array)
+        offsets = maps.offsets.to_numpy()
+        start, end = int(offsets[0]), int(offsets[-1])
+        flat_keys = maps.keys.slice(start, end - start)
+        flat_items = maps.items.slice(start, end - start)
+        parents = pa.array(np.repeat(np.arange(rows), np.diff(offsets)))
         typed = []
         for i, name in enumerate(names):
             hit = pc.equal(flat_keys, name)

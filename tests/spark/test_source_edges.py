@@ -4,6 +4,7 @@ class that once lost or changed data silently, or stopped the pipeline for good.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -410,6 +411,62 @@ def test_a_table_that_left_its_publication_is_noticed(
 
         running.wait_for(mended, "the resynchronization")
         running.stop()
+    assert_identical(pg, config)
+
+
+@pytest.mark.parametrize("on_error", ["stop", "quarantine"])
+def test_a_copy_beside_the_stream_that_fails_with_any_error_is_reported(
+    spark: Any,
+    pg: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    on_error: str,
+) -> None:
+    """A publication's column list grows, and the copy beside the stream fails with an
+    error that is not pgcdc's own (as delta-rs's or Arrow's are; injected into the
+    reconcile): the pipeline stops with one line naming the table, or, under "quarantine",
+    says so in one line and keeps the table aside (its copy thread once died with a
+    traceback, and the run exited 0 with the table pending, nothing said). Without the
+    fault, the next run copies it again."""
+    from pgcdc.pipeline import PipelineFailed
+
+    pg.execute(
+        "CREATE TABLE c (id int PRIMARY KEY, v text, w int);"
+        "INSERT INTO c SELECT g, 'v', g FROM generate_series(1, 5) g"
+    )
+    config = _config(pg, tmp_path, {"public.c": {"modes": ["mirror"], "on_error": on_error}})
+    publication = config["source"]["publication"]
+    pg.execute(f"ALTER PUBLICATION {publication} SET TABLE c (id, v)")
+    run_pipeline(spark, config)
+    pg.execute(f"ALTER PUBLICATION {publication} SET TABLE c")
+    pg.execute("UPDATE c SET v = 'grown' WHERE id = 1")
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected\nsecond line")
+
+    monkeypatch.setattr(DeltaTarget, "reconcile", fail)
+    if on_error == "stop":
+        with pytest.raises(PipelineFailed) as failed:
+            run_pipeline(spark, config)
+        line = str(failed.value)
+        assert line == (
+            "copy of public.c failed: RuntimeError: injected second line; "
+            "it is copied again at the next run"
+        )
+    else:  # set aside as it was (waiting for its resynchronization), with a line
+        with caplog.at_level(logging.ERROR, "pgcdc"):
+            pipeline = run_pipeline(spark, config)
+        assert pipeline.quarantine.records()["public.c"].status == "resync"
+        assert any(
+            r.getMessage().startswith(
+                "copy of public.c failed: RuntimeError: injected second line;"
+            )
+            for r in caplog.records
+        ), caplog.text
+    monkeypatch.undo()
+    pipeline = run_pipeline(spark, config)
+    assert pipeline.quarantine.records() == {}
     assert_identical(pg, config)
 
 

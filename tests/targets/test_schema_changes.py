@@ -4,6 +4,7 @@ anything else is refused before writing)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +442,67 @@ def test_added_columns_tell_an_add_from_a_rename(
 ) -> None:
     added = added_columns(prior, [_shape(*s) for s in shapes])
     assert {name: found.appended for name, found in added.items()} == expected
+
+
+#: timestamp (without time zone, Delta's TIMESTAMP_NTZ) and timestamp[].
+TIMESTAMP, TIMESTAMP_ARRAY = 1114, 1115
+NOON = "2020-01-01 12:00:00"
+
+
+def _has_timestamp_ntz(path: str) -> bool:
+    """Whether the table at `path` opens (delta-rs refuses a TIMESTAMP_NTZ column without the
+    feature) and has the timestampNtz reader and writer feature."""
+    protocol = DeltaTable(path).protocol()
+    features = set(protocol.reader_features or ()) & set(protocol.writer_features or ())
+    return "timestampNtz" in features
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+@pytest.mark.parametrize("change", ["insert", "update", "delete"])
+@pytest.mark.parametrize("kind", ["timestamp", "timestamp[]"])
+def test_an_added_timestamp_column_gets_the_timestamp_ntz_feature(
+    tmp_path: Path, mode: str, change: str, kind: str
+) -> None:
+    """``ADD COLUMN at timestamp`` while streaming, to a table created without a timestamp
+    column: the batch that brings it adds a TIMESTAMP_NTZ column (or a list of them), and
+    the table gets Delta's timestampNtz feature first; without it delta-rs's MERGE commits a
+    table that no reader opens any more."""
+    oid, value = (TIMESTAMP, NOON) if kind == "timestamp" else (TIMESTAMP_ARRAY, f'{{"{NOON}"}}')
+    stamped = relation(("id", INT4, True), ("name", TEXT), ("at", oid))
+    t = target(tmp_path, mode)
+    t.apply(envelope(txn(0x100, insert(V1, id=1, name="a"), insert(V1, id=2, name="b"))))
+    assert not _has_timestamp_ntz(t.path)
+    later = {
+        "insert": insert(stamped, id=3, name="c", at=value),
+        "update": update(stamped, {"id": 1, "name": "a2", "at": value}),
+        "delete": delete(stamped, id=2),
+    }[change]
+    t.apply(envelope(txn(0x200, later)))
+    assert _has_timestamp_ntz(t.path)
+    data = DeltaTarget(t.path, mode, app_id=APP).to_arrow()  # (read anew, from the log)
+    assert data.schema.field("at").type.equals(
+        pa.timestamp("us") if kind == "timestamp" else pa.list_(pa.timestamp("us"))
+    )
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    stamp = datetime(2020, 1, 1, 12) if kind == "timestamp" else [datetime(2020, 1, 1, 12)]
+    expected = {
+        "insert": [(1, "a", None), (2, "b", None), (3, "c", stamp)],
+        "update": [(1, "a2", stamp), (2, "b", None)],
+        "delete": [(1, "a", None)],
+    }[change]
+    assert rows(current, "id", "name", "at") == expected
+    t.apply(envelope(txn(0x300, update(stamped, {"id": 1, "name": "a3", "at": value}))))
+    data = t.to_arrow()
+    current = data if mode == "mirror" else data.filter(data.column("__END_AT").is_null())
+    assert (1, "a3", stamp) in rows(current, "id", "name", "at")
+
+
+def test_a_timestamp_column_added_to_a_table_without_identity(tmp_path: Path) -> None:
+    """The rows of a table without a replica identity are appended, the column with them."""
+    bare = relation(("id", INT4), ("name", TEXT), identity="n")
+    stamped = relation(("id", INT4), ("name", TEXT), ("at", TIMESTAMP), identity="n")
+    t = target(tmp_path)
+    t.apply(envelope(txn(0x100, insert(bare, id=1, name="a"))))
+    t.apply(envelope(txn(0x200, insert(stamped, id=2, name="b", at=NOON))))
+    assert _has_timestamp_ntz(t.path)
+    assert rows(t.to_arrow(), "id", "at") == [(1, None), (2, datetime(2020, 1, 1, 12))]

@@ -7,6 +7,7 @@ the log is forgotten (`OnlineCopies.drain`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -21,6 +22,8 @@ from pgcdc.targets import Target, TargetSpec, open_target
 from pgcdc.types.catalog import TypeCatalog
 
 __all__ = ["OnlineCopies", "pending_name"]
+
+log = logging.getLogger(__name__)
 
 
 def pending_name(table: str) -> str:
@@ -79,11 +82,19 @@ class OnlineCopies:
             thread.join()
 
     def _copy(self, tables: list[str], resync: bool) -> None:
+        """The copy thread's work: whatever it raises is a failure of its tables, reported
+        by `finish` in the pipeline's thread (a thread that died would leave them pending
+        and the run going on as if nothing happened)."""
         keep = frozenset(t for t in tables if self.config.on_detach.get(t) == "keep")
         try:
             _, copied = self._copier().copy_online(tables, resync=resync, keep=keep)
-        except PgcdcError as exc:
-            self._failures.update(dict.fromkeys(tables, str(exc)))
+        except Exception as exc:
+            if isinstance(exc, PgcdcError):
+                error = str(exc)
+            else:
+                log.debug("the copy of %s failed", ", ".join(tables), exc_info=True)
+                error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            self._failures.update(dict.fromkeys(tables, error))
             return
         self._done.update(copied)
         for table in set(tables) - copied:
@@ -91,12 +102,18 @@ class OnlineCopies:
 
     def failed(self, table: str, error: str) -> None:
         """A table's copy failed: with ``on_error = "stop"`` the pipeline stops with one line
-        (the next run copies it again); with "quarantine" the table is set aside."""
+        (the next run copies it again); with "quarantine" the table is set aside, or, when
+        it waits for a copy already (a recopy or a resynchronization asked for), stays so,
+        its changes logged, and is copied again at the next run."""
         line = f"copy of {table} failed: {error}"
         if self.config.on_error.get(table, "stop") == "stop":
             raise PipelineFailed(f"{line}; it is copied again at the next run")
         if table not in self.tables.quarantine.records():
             self.tables.set_aside(table, line, "")
+        else:
+            log.error(
+                "%s; its changes go to its change log, it is copied again at the next run", line
+            )
 
     def pending_location(self, table: str) -> str:
         """Where the table's pending change log is (a Delta table in the state)."""

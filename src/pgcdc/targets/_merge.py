@@ -247,7 +247,6 @@ class Writer:
         commit: CommitProperties | None,
     ) -> bool:
         """`data` (with its action column) merged by key. Whether it wrote."""
-        current = self.io.schema(table)
         if not shape.key_names:
             return self.append_rows(table, data, schema, commit)
         if self.mor.usable(table, schema):
@@ -265,7 +264,7 @@ class Writer:
                 " AND ".join(match),
                 source_alias="s",
                 target_alias="t",
-                merge_schema=not set(schema.names) <= set(current.names),
+                merge_schema=self.io.adds_columns(table, schema),
                 commit_properties=commit,
             )
             .when_matched_update(columns, predicate=f"s.{q(ACTION)} = 'upsert'")
@@ -342,7 +341,6 @@ class Writer:
             narrow = key_filter(shape.key_names, data)
             match += [] if narrow is None else [narrow]
             predicate = " AND ".join([*match, f"(({closing}) OR ({inserting}))"])
-        current = self.io.schema(table)
         before = table.version()
         merger = (
             table.merge(
@@ -350,7 +348,7 @@ class Writer:
                 predicate,
                 source_alias="s",
                 target_alias="t",
-                merge_schema=not set(schema.names) <= set(current.names),
+                merge_schema=self.io.adds_columns(table, schema),
                 commit_properties=commit,
             )
             .when_matched_update({q(END_AT): f"s.{q(END_AT)}"}, predicate=f"{action} = 'close'")
@@ -418,7 +416,6 @@ class Writer:
         match = " AND ".join(conditions)
         if history:
             match += f" AND t.{q(END_AT)} IS NULL"
-        current = self.io.schema(table)
         before = table.version()
         merger = (
             table.merge(
@@ -426,7 +423,7 @@ class Writer:
                 match,
                 source_alias="s",
                 target_alias="t",
-                merge_schema=not set(schema.names) <= set(current.names),
+                merge_schema=self.io.adds_columns(table, schema),
                 commit_properties=commit,
             )
             .when_matched_delete()
@@ -497,12 +494,11 @@ class Writer:
     ) -> bool:
         """Rows of a table without identity: nothing to match, so an append (a MERGE would
         compare every new row with every row of the table)."""
-        current = self.io.schema(table)
         write_deltalake(
             table,
             conform(data, schema),
             mode="append",
-            schema_mode=None if set(schema.names) <= set(current.names) else "merge",
+            schema_mode="merge" if self.io.adds_columns(table, schema) else None,
             commit_properties=commit,
         )
         return True

@@ -158,7 +158,7 @@ class Reconciler(Writer):
             predicate,
             source_alias="s",
             target_alias="t",
-            merge_schema=not set(schema.names) <= set(self.io.schema(table).names),
+            merge_schema=self.io.adds_columns(table, schema),
             commit_properties=commit,
         )
         if replace:
@@ -186,7 +186,7 @@ class Reconciler(Writer):
                 match,
                 source_alias="s",
                 target_alias="t",
-                merge_schema=not set(schema.names) <= set(self.io.schema(table).names),
+                merge_schema=self.io.adds_columns(table, schema),
                 commit_properties=commit,
             )
             .when_matched_delete()

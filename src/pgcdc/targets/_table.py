@@ -11,14 +11,20 @@ entries older than ``delta.logRetentionDuration`` go at each checkpoint (time tr
 that far back). A table made before, or with other values, gets them at its first open.
 A local table also gets deletion vectors (``delta.enableDeletionVectors``): pgcdc then writes
 a batch's changed rows merge-on-read (`pgcdc.targets._merge_on_read`); on an object store
-pgcdc cannot write them yet, and merges copy-on-write."""
+pgcdc cannot write them yet, and merges copy-on-write.
+
+A column added to a table may need a table feature: a timestamp without time zone (Delta's
+TIMESTAMP_NTZ, also inside a struct or a list) needs ``timestampNtz``. delta-rs's writes that
+replace or append the schema enable it, but a MERGE that evolves the schema does not, and
+commits a table no reader (delta-rs included) opens any more; `TableIO.adds_columns` enables
+the features first, for every write that adds columns."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, TableFeatures, write_deltalake
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._arrow import conform
@@ -94,6 +100,22 @@ class TableIO:
         )
         return self.load()
 
+    def adds_columns(self, table: DeltaTable, schema: pa.Schema) -> bool:
+        """Whether `schema` has columns the table lacks (a write must evolve the table's
+        schema); if so, the table features their types need are enabled first, in a commit
+        of their own (see the module docstring)."""
+        held = set(self.schema(table).names)
+        new = [f for f in schema if f.name not in held]
+        if not new:
+            return False
+        protocol = table.protocol()
+        enabled = set(protocol.reader_features or ()) & set(protocol.writer_features or ())
+        if "timestampNtz" not in enabled and any(_timestamp_ntz(f.type) for f in new):
+            table.alter.add_feature(
+                TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True
+            )
+        return True
+
     @property
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.path, self.storage_options)
@@ -119,3 +141,16 @@ class TableIO:
         write_deltalake(
             table, self.schema(table).empty_table(), mode="append", commit_properties=commit
         )
+
+
+def _timestamp_ntz(t: pa.DataType) -> bool:
+    """Whether `t` is, or holds, a timestamp without time zone (Delta's TIMESTAMP_NTZ)."""
+    if pa.types.is_timestamp(t):
+        return t.tz is None
+    if pa.types.is_map(t):
+        return _timestamp_ntz(t.key_type) or _timestamp_ntz(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _timestamp_ntz(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_timestamp_ntz(t.field(i).type) for i in range(t.num_fields))
+    return False

@@ -1544,6 +1544,21 @@ def test_a_copy_goes_on_while_a_truncate_waits_for_it(spark: Any, tmp_path: Path
         assert_identical(db, config)
 
 
+def _fifty_rows_streamed(spark: Any, pg: Database, tmp_path: Path) -> dict[str, Any]:
+    """Table t (id, v, n) of 50 rows published by p, copied to a mirror and a history."""
+    from spark.helpers import run_pipeline
+
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n int);"
+        "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g;"
+        "CREATE PUBLICATION p FOR TABLE t"
+    )
+    config = pipeline_config(pg, "s1", "p", tmp_path / "lake", {"public.t": ["mirror", "history"]})
+    config["source"]["create_slot"] = True
+    run_pipeline(spark, config)
+    return config
+
+
 def test_rows_a_reconcile_rewrote_take_later_changes(
     spark: Any, pg: Database, tmp_path: Path
 ) -> None:
@@ -1554,14 +1569,7 @@ def test_rows_a_reconcile_rewrote_take_later_changes(
     scenario's seeds 41 and 42 stopped on it before main cast them)."""
     from spark.helpers import assert_identical, run_pipeline
 
-    pg.execute(
-        "CREATE TABLE t (id int PRIMARY KEY, v text, n int);"
-        "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g;"
-        "CREATE PUBLICATION p FOR TABLE t"
-    )
-    config = pipeline_config(pg, "s1", "p", tmp_path / "lake", {"public.t": ["mirror", "history"]})
-    config["source"]["create_slot"] = True
-    run_pipeline(spark, config)
+    config = _fifty_rows_streamed(spark, pg, tmp_path)
     pg.execute("ALTER PUBLICATION p DROP TABLE t")
     pg.execute("UPDATE t SET v = 'x' || id WHERE id <= 25")  # the stream does not carry it
     pg.execute("ALTER PUBLICATION p ADD TABLE t")
@@ -1589,14 +1597,7 @@ def test_a_row_changed_before_a_drop_and_re_add_in_one_batch(
     the dropped column's value (issue 21, case 2)."""
     from spark.helpers import assert_identical, run_pipeline
 
-    pg.execute(
-        "CREATE TABLE t (id int PRIMARY KEY, v text, n int);"
-        "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g;"
-        "CREATE PUBLICATION p FOR TABLE t"
-    )
-    config = pipeline_config(pg, "s1", "p", tmp_path / "lake", {"public.t": ["mirror", "history"]})
-    config["source"]["create_slot"] = True
-    run_pipeline(spark, config)
+    config = _fifty_rows_streamed(spark, pg, tmp_path)
     pg.execute("UPDATE t SET n = 99 WHERE id = 1")
     pg.execute(f"BEGIN; {ddl}; UPDATE t SET v = 'x' WHERE id = 2; COMMIT")
     run_pipeline(spark, config)

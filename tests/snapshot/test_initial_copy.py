@@ -3,6 +3,7 @@ stream with no gap and no duplicate, resumable after a crash, and online for add
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -339,3 +340,141 @@ def test_the_copy_guard_refuses_a_rewritten_table_and_holds_off_truncate(pg: Dat
         with guard, pg.connect() as conn, pytest.raises(psycopg.errors.LockNotAvailable):
             conn.execute("SET lock_timeout = '200ms'")
             conn.execute("TRUNCATE h")
+
+
+def _waiting_for_a_lock(db: Database, table: str) -> bool:
+    rows = db.execute(
+        "SELECT 1 FROM pg_locks WHERE relation = %s::regclass AND NOT granted", (table,)
+    )
+    return bool(rows)
+
+
+def test_a_chunk_does_not_queue_behind_a_truncate_waiting_for_the_guard(pg: Database) -> None:
+    """A TRUNCATE queued behind the guard's lock: a chunk's NOWAIT lock fails at once instead
+    of queuing behind it (the stall), and once the guard lets go the TRUNCATE goes through."""
+    from pgcdc.replication.connection import ReplicationConnection
+    from pgcdc.snapshot.guard import SnapshotGuard, share_lock_nowait
+
+    pg.execute("CREATE TABLE g (id int); INSERT INTO g VALUES (1)")
+    truncated: list[BaseException | None] = []
+
+    def truncate() -> None:
+        with pg.connect() as conn:
+            conn.execute("SET statement_timeout = '60s'")
+            try:
+                conn.execute("TRUNCATE g")
+                truncated.append(None)
+            except Exception as exc:
+                truncated.append(exc)
+
+    with ReplicationConnection.connect(pg.dsn) as rconn:
+        created = rconn.create_slot(unique("guard"), temporary=True, snapshot="export")
+        assert created.snapshot_name is not None
+        guard = SnapshotGuard(pg.dsn, created.snapshot_name, ["public.g"])
+        with guard, pg.connect() as chunk:
+            chunk.execute("BEGIN")
+            assert share_lock_nowait(chunk, ["public.g"])  # nothing queued yet
+            chunk.execute("ROLLBACK")
+            truncating = threading.Thread(target=truncate, daemon=True)
+            truncating.start()
+            _wait(lambda: _waiting_for_a_lock(pg, "public.g"), 30)
+            chunk.execute("BEGIN")
+            assert not share_lock_nowait(chunk, ["public.g"])
+            chunk.execute("ROLLBACK")
+            assert not truncated  # the guard still holds it off
+            guard.release()
+            truncating.join(30)
+    assert truncated == [None]
+    assert pg.execute("SELECT count(*) FROM g") == [(0,)]
+
+
+class _TruncatingDispatcher:
+    """Runs the copy's chunks one by one in this process; before the fourth chunk of the
+    first copy, a TRUNCATE (and an insert, in its transaction) is started and let wait for
+    the copy's locks."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.items = 0
+        self.truncated: list[BaseException | None] = []
+        self.thread = threading.Thread(target=self._truncate, daemon=True)
+
+    @property
+    def parallelism(self) -> int:
+        return 1
+
+    @property
+    def same_host(self) -> bool:
+        return True
+
+    def _truncate(self) -> None:
+        with self.db.connect() as conn:
+            conn.execute("SET statement_timeout = '60s'")
+            try:
+                conn.execute("BEGIN; TRUNCATE t; INSERT INTO t VALUES (-1, 'after'); COMMIT")
+                self.truncated.append(None)
+            except Exception as exc:
+                self.truncated.append(exc)
+
+    def map(self, function: Any, items: Any) -> list[Any]:
+        results = []
+        for item in items:
+            self.items += 1
+            if self.items == 4:
+                self.thread.start()
+                _wait(lambda: _waiting_for_a_lock(self.db, "public.t"), 30)
+            results.append(function(item))
+        return results
+
+
+def test_a_copy_lets_a_truncate_through_and_starts_again(
+    pg: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TRUNCATE asked for while a table is copied: the copy's next chunk does not queue
+    behind it; the copy lets go of its locks (the TRUNCATE commits), starts again under a
+    new snapshot and ends with the target equal to the table, marked with the new point."""
+    from pgcdc.pipeline import InitialCopy
+    from pgcdc.replication.connection import ReplicationConnection
+    from pgcdc.storage import LocalFileIO
+    from pgcdc.targets import TargetSpec, open_target
+    from pgcdc.targets.base import copy_watermark
+
+    if pg.version < 18:
+        pytest.skip("one server is enough: the locking is the same on all")
+    pg.execute(
+        "CREATE TABLE t (k int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 2000) g"
+    )
+    pg.execute("VACUUM ANALYZE t")  # about 60 blocks: 30 chunks of 2
+    slot = unique("yield")
+    target = open_target(TargetSpec(str(tmp_path / "t"), "mirror"), app_id="pgcdc:test")
+    dispatcher = _TruncatingDispatcher(pg)
+    copier = InitialCopy(
+        dispatcher, pg.dsn, slot, {"public.t": [target]}, LocalFileIO(str(tmp_path / "state"))
+    )
+    copier.chunk_blocks = 2
+    create_slot = ReplicationConnection.create_slot
+    created: list[str] = []
+
+    def create_and_note(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        made = create_slot(self, name, *args, **kwargs)
+        created.append(str(made.consistent_point))
+        return made
+
+    monkeypatch.setattr(ReplicationConnection, "create_slot", create_and_note)
+    try:
+        with caplog.at_level("WARNING", logger="pgcdc.pipeline._copy"):
+            point = copier.start_fresh()
+        dispatcher.thread.join(30)
+        assert dispatcher.truncated == [None]
+        assert len(created) == 2 and str(point) == created[1] != created[0]
+        assert [r.getMessage() for r in caplog.records] == [
+            "public.t: another session waits for an ACCESS EXCLUSIVE lock (TRUNCATE, ALTER "
+            "TABLE, VACUUM FULL, CLUSTER or LOCK) that the copy holds off: the initial copy "
+            "lets it through and starts again under a new snapshot"
+        ]
+        assert target.to_arrow().to_pylist() == [{"k": -1, "v": "after"}]
+        assert target.watermark == copy_watermark(point)
+    finally:
+        with contextlib.suppress(Exception):
+            pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

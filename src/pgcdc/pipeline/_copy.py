@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from psycopg import sql
@@ -41,7 +41,13 @@ from pgcdc.protocol import Lsn, Relation
 from pgcdc.replication.connection import ReplicationConnection
 from pgcdc.replication.slots import connect_sql, drop_slot
 from pgcdc.snapshot.copy import copy_query, copy_schema, read_copy
-from pgcdc.snapshot.guard import SnapshotGuard, TablesRewritten
+from pgcdc.snapshot.guard import (
+    LockWanted,
+    SnapshotGuard,
+    TablesRewritten,
+    share_lock_nowait,
+    wait_for_locks,
+)
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS, Chunk, SnapshotError, plan_chunks
 from pgcdc.snapshot.relation import catalog_relation
 from pgcdc.storage import FileIO
@@ -56,7 +62,11 @@ log = logging.getLogger(__name__)
 
 #: How many snapshots a copy takes before it gives up on tables rewritten under it.
 _ATTEMPTS = 5
-#: The Delta commit metadata keys naming the chunk a commit holds and the copy's point.
+#: How many times a copy lets a conflicting lock (a TRUNCATE, DDL) through and starts again
+#: before it gives up.
+_YIELDS = 20
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -114,8 +124,11 @@ def _session(conninfo: str, snapshot: str) -> Any:
     return conn
 
 
-def _rows(task: _Task, timings: dict[str, float]) -> tuple[pa.Table, pa.Table | None]:
-    """The chunk's rows typed, and as snapshot reads when a target is a change log."""
+def _rows(task: _Task, timings: dict[str, float]) -> tuple[pa.Table, pa.Table | None] | None:
+    """The chunk's rows typed, and as snapshot reads when a target is a change log; None
+    when another session holds or waits for a lock on the table that conflicts with reading
+    it (`pgcdc.snapshot.guard.share_lock_nowait`: waiting would stall the copy and the
+    source)."""
     relation = task.relation
     registry = task.types.registry()
     reads: list[pa.RecordBatch] = []
@@ -129,6 +142,9 @@ def _rows(task: _Task, timings: dict[str, float]) -> tuple[pa.Table, pa.Table | 
     conn = _session(task.conninfo, task.snapshot)
     try:
         chunk = task.chunk
+        relation_name = f"{relation.schema}.{relation.relname}"
+        if not share_lock_nowait(conn, list(dict.fromkeys([relation_name, chunk.leaf]))):
+            return None
         query = copy_query(
             relation, chunk.leaf, first_block=chunk.first_block, end_block=chunk.end_block
         )
@@ -153,13 +169,17 @@ def _rows(task: _Task, timings: dict[str, float]) -> tuple[pa.Table, pa.Table | 
     return typed, pa.Table.from_batches(reads, ENVELOPE_ARROW_SCHEMA) if wanted else None
 
 
-def copy_chunk(task: _Task) -> dict[str, float]:
+def copy_chunk(task: _Task) -> dict[str, float] | None:
     """Runs on an executor: reads the chunk under the snapshot and writes it to every target
     (`Target.write_chunk`: one commit each, naming the chunk; a change log gets the rows as
-    snapshot reads). Returns the seconds spent (`TableProgress.phases`)."""
+    snapshot reads). Returns the seconds spent (`TableProgress.phases`), or None when the
+    chunk was not read: a conflicting lock on its table is held or wanted (`_rows`)."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    rows, reads = _rows(task, timings)
+    read_rows = _rows(task, timings)
+    if read_rows is None:
+        return None
+    rows, reads = read_rows
     read = time.perf_counter()
     for spec in task.targets:
         target = open_target(spec, app_id=task.app_id)
@@ -260,23 +280,43 @@ class InitialCopy:
 
         The state says "creating" before the slot exists, so a crash right after its creation
         leaves a record that the slot is the pipeline's own (`restart` drops it). A table
-        rewritten between the snapshot and the copy's locks (`SnapshotGuard`) makes it
-        start again with a new slot.
+        rewritten between the snapshot and the copy's locks (`SnapshotGuard`), or one a
+        TRUNCATE or DDL waits for while it is copied, makes it start again with a new slot.
 
         `resync`: the pipeline's slot was lost while the targets hold data: the copy goes to
         staging tables, and each target is then reconciled with its table's
         (`Target.reconcile`: only what differs changes), from where the new slot streams."""
         self._save({"status": "creating", "slot": self.slot, "resync": resync})
-        for attempt in range(_ATTEMPTS):
+
+        def drop() -> None:
+            with contextlib.suppress(SlotNotFound):
+                drop_slot(self.conninfo, self.slot, wait=True)
+
+        return self._attempts(lambda: self._copy_fresh(resync), drop, "the initial copy")
+
+    def _attempts(self, copy: Callable[[], T], failed: Callable[[], None], what: str) -> T:
+        """`copy()` until it is not interrupted (`CopyInterrupted`: a table rewritten before
+        the copy's locks, or a lock it let through), `failed()` after each interruption;
+        raises `SnapshotError` when that happened too often."""
+        rewritten = yielded = 0
+        while True:
             try:
-                return self._copy_fresh(resync)
+                return copy()
             except TablesRewritten as exc:
-                with contextlib.suppress(SlotNotFound):
-                    drop_slot(self.conninfo, self.slot, wait=True)
-                if attempt + 1 == _ATTEMPTS:
-                    raise SnapshotError(f"the initial copy cannot start: {exc}") from None
-                log.info("copy starts again with a new snapshot: %s", exc)
-        raise AssertionError("unreachable")
+                failed()
+                rewritten += 1
+                if rewritten == _ATTEMPTS:
+                    raise SnapshotError(f"{what} cannot start: {exc}") from None
+                log.info("%s starts again with a new snapshot: %s", what, exc)
+            except LockWanted as exc:
+                failed()
+                yielded += 1
+                if yielded == _YIELDS:
+                    raise SnapshotError(f"{what} gave up after {yielded} starts: {exc}") from None
+                log.warning(
+                    "%s: %s lets it through and starts again under a new snapshot", exc, what
+                )
+                wait_for_locks(self.conninfo, exc.tables)
 
     def _copy_fresh(self, resync: bool) -> Lsn:
         with ReplicationConnection.connect(self.conninfo) as rconn:
@@ -292,6 +332,7 @@ class InitialCopy:
                     t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
                     for t in self.targets
                 }
+                release = self._releaser(guard, rconn)
                 state = {
                     "status": "copying",
                     "slot": self.slot,
@@ -300,7 +341,7 @@ class InitialCopy:
                     "chunks": {t: [c.to_json() for c in cs] for t, cs in plans.items()},
                 }
                 self._save(state)
-                copied = self._copy(plans, created.snapshot_name, point, staging=resync)
+                copied = self._copy(plans, created.snapshot_name, point, release, resync)
         self._finish(state, copied)
         return point
 
@@ -346,13 +387,11 @@ class InitialCopy:
         each target is then reconciled with (only what differs changes: a history keeps its
         versions; the tables in `keep` keep the rows the copy does not have). Returns the
         point and the tables that succeeded."""
-        for attempt in range(_ATTEMPTS):
-            try:
-                return self._copy_online(tables, resync, keep)
-            except TablesRewritten as exc:
-                if attempt + 1 == _ATTEMPTS:
-                    raise SnapshotError(f"the copy of {', '.join(tables)}: {exc}") from None
-        raise AssertionError("unreachable")
+        return self._attempts(
+            lambda: self._copy_online(tables, resync, keep),
+            lambda: None,  # (the temporary slot went with its connection)
+            f"the copy of {', '.join(tables)}",
+        )
 
     def _copy_online(
         self, tables: list[str], resync: bool, keep: frozenset[str]
@@ -368,7 +407,8 @@ class InitialCopy:
                     t: plan_chunks(guard.conn, self._source(t), self.chunk_blocks, t)
                     for t in tables
                 }
-                copied = self._copy(plans, created.snapshot_name, point, staging=resync)
+                release = self._releaser(guard, rconn)
+                copied = self._copy(plans, created.snapshot_name, point, release, resync)
         for table in copied:
             if resync:
                 self._reconcile(table, point, keep_missing=table in keep)
@@ -397,14 +437,38 @@ class InitialCopy:
         """The table's current name in the source (it may have been renamed)."""
         return self.source_names.get(table, table)
 
+    @staticmethod
+    def _releaser(guard: SnapshotGuard, rconn: ReplicationConnection) -> Callable[[], None]:
+        """What lets go of a copy that cannot go on: the guard's locks (a TRUNCATE waiting
+        for them goes through), and the snapshot's export (the connection that created the
+        slot), so that the chunks not yet started fail at once instead of reading under it."""
+
+        def release() -> None:
+            guard.release()
+            rconn.close()
+
+        return release
+
     def _copy(
-        self, plans: dict[str, list[Chunk]], snapshot: str, point: Lsn, *, staging: bool = False
+        self,
+        plans: dict[str, list[Chunk]],
+        snapshot: str,
+        point: Lsn,
+        release: Callable[[], None],
+        staging: bool = False,
     ) -> set[str]:
         """Copies every table's chunks (into its targets, or its staging table), one Spark job
         per table, all at once, into targets emptied first and given the table's columns as
         of the snapshot; a table whose copy fails is left out (its progress holds the error).
-        The tables that succeeded."""
+        The tables that succeeded.
+
+        A chunk not read because another session wants a conflicting lock on its table
+        (`copy_chunk` gives None) ends the copy: `release()` is called as soon as its
+        table's job ends (the other jobs' chunks then fail at once), and `LockWanted` is
+        raised when every job has ended."""
         jobs: dict[str, list[_Task]] = {}
+        wanted: list[str] = []
+        releasing = threading.Lock()
         self._staged = staging
         for table, chunks in plans.items():
             targets = [self._staging(table)] if staging else self.targets[table]
@@ -442,12 +506,20 @@ class InitialCopy:
         def job(table: str, tasks: list[_Task]) -> None:
             progress = self.progress[table]
             try:
-                if tasks:
-                    for timings in self.dispatcher.map(copy_chunk, tasks):
-                        for phase, seconds in timings.items():
-                            progress.phases[phase] = progress.phases.get(phase, 0.0) + seconds
+                outcomes = self.dispatcher.map(copy_chunk, tasks) if tasks else []
             except Exception as exc:
                 progress.error = str(exc) if isinstance(exc, PgcdcError) else repr(exc)
+                return
+            for timings in outcomes:
+                if timings is None:
+                    with releasing:
+                        if not wanted:
+                            release()
+                        wanted.append(self._source(table))
+                    progress.error = "stopped: a conflicting lock is wanted on the table"
+                    return
+                for phase, seconds in timings.items():
+                    progress.phases[phase] = progress.phases.get(phase, 0.0) + seconds
 
         threads = [
             threading.Thread(target=job, args=item, name=f"pgcdc-copy-{item[0]}", daemon=True)
@@ -459,6 +531,8 @@ class InitialCopy:
             threads[0].join(1.0) if threads[0].is_alive() else time.sleep(1.0)
             self._poll()
         self._poll()
+        if wanted:
+            raise LockWanted(sorted(wanted))
         return {t for t in jobs if self.progress[t].error is None}
 
     def _poll(self) -> None:

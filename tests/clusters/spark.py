@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def private_tmp_supported() -> str | None:
     if shutil.which("unshare") is None:
         return "no `unshare` command (util-linux)"
     probe = subprocess.run(
-        [*_PRIVATE_TMP, "sh", "-c", 'test -z "$(ls -A /tmp)"'],
+        [*_PRIVATE_TMP, _private_tmp_script([]), "sh", "sh", "-c", 'test -z "$(ls -A /tmp)"'],
         capture_output=True,
         text=True,
         timeout=30,
@@ -100,17 +101,31 @@ def private_tmp_supported() -> str | None:
 #: Run a command in a new mount namespace whose /tmp is a fresh, empty tmpfs. Mounts made
 #: in it do not propagate back (``--propagation private``); the namespace ends with its
 #: last process, and its tmpfs with it.
-_PRIVATE_TMP = (
-    "unshare",
-    "--mount",
-    "--propagation",
-    "private",
-    "--",
-    "sh",
-    "-c",
-    'mount -t tmpfs -o mode=1777 pgcdc-private-tmp /tmp && exec "$@"',
-    "sh",
-)
+_PRIVATE_TMP = ("unshare", "--mount", "--propagation", "private", "--", "sh", "-c")
+_MOUNT_TMPFS = "mount -t tmpfs -o mode=1777 pgcdc-private-tmp /tmp"
+
+
+def _kept_under_tmp() -> list[str]:
+    """The directories right under /tmp the daemons need to see (this checkout, the venv,
+    Spark's home: a CI checkout may live in /tmp); the rest of /tmp stays the driver's."""
+    names = set()
+    for path in (TESTS_DIR.parent, Path(sys.prefix), spark_home()):
+        resolved = path.resolve()
+        if resolved != Path("/tmp") and resolved.is_relative_to("/tmp"):
+            names.add(resolved.relative_to("/tmp").parts[0])
+    return sorted(names)
+
+
+def _private_tmp_script(keep: list[str]) -> str:
+    """Mount the tmpfs over /tmp from inside the old /tmp (the shell's working directory
+    keeps it reachable), bind the kept directories back from there (a relative source the
+    kernel resolves from that directory: mount must not make it absolute), then run the
+    command."""
+    binds = "".join(
+        f" && mkdir -p /tmp/{q} && mount --no-canonicalize --bind ./{q} /tmp/{q}"
+        for q in map(shlex.quote, keep)
+    )
+    return f'cd /tmp && {_MOUNT_TMPFS}{binds} && cd / && exec "$@"'
 
 
 def _with_private_tmp(argv: list[str]) -> list[str]:
@@ -118,7 +133,7 @@ def _with_private_tmp(argv: list[str]) -> list[str]:
     if why_not is not None:
         raise StartError(f"a private /tmp was asked for, but {why_not}")
     # `sh -c SCRIPT sh ARGS...`: "$@" in SCRIPT is ARGS, so the argv needs no quoting.
-    return [*_PRIVATE_TMP, *argv]
+    return [*_PRIVATE_TMP, _private_tmp_script(_kept_under_tmp()), "sh", *argv]
 
 
 def _json(url: str) -> Any:

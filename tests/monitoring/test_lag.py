@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pgcdc.monitoring.lag import FRESH, LagReport, current_lag, read_lag, write_lag
+from pgcdc.storage import open_file_io
 
 NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
 APPLIED = NOW - timedelta(seconds=95)
@@ -31,10 +32,10 @@ def test_a_stopped_pipeline_falls_behind_as_the_clock_moves() -> None:
 
 
 def test_the_report_round_trips_and_a_damaged_one_is_none(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "lag.json"
+    state = open_file_io(str(tmp_path / "state"))
     report = LagReport(NOW, 2.25, None)
-    write_lag(path, report)
-    assert read_lag(path) == report
-    path.write_text("{not json")
-    assert read_lag(path) is None
-    assert read_lag(tmp_path / "absent.json") is None
+    write_lag(state, report)
+    assert read_lag(state) == report
+    (tmp_path / "state" / "lag.json").write_text("{not json")
+    assert read_lag(state) is None
+    assert read_lag(open_file_io(str(tmp_path / "absent"))) is None

@@ -250,6 +250,7 @@ USAGE_CASES = {
         "status", needles="give PIPELINE.toml or -S SLOT", status=2
     ),
     "status: no such file": case("status", "{tmp}/nosuch.toml", needles="does not exist", status=2),
+    "verify: no such file": case("verify", "{tmp}/nosuch.toml", needles="does not exist", status=2),
     "demo: an extra argument": case("demo", "now", needles="unexpected extra argument", status=2),
 }
 

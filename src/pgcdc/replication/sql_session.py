@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgcdc.errors import ConnectionFailed, ConnectionLost
+from pgcdc.errors import ConnectionFailed, ConnectionLost, InvalidConninfo
 from pgcdc.replication.slots import connect_sql
 
 __all__ = ["SqlSession"]
@@ -35,7 +35,10 @@ _LOST_STATES = ("08", "57P01", "57P02", "57P03")
 
 
 def _lost(exc: BaseException) -> bool:
-    """Whether `exc` says the connection (not the query) failed."""
+    """Whether `exc` says the connection (not the query) failed; a connection string that
+    cannot be parsed never connects (it is said at once, not retried)."""
+    if isinstance(exc, InvalidConninfo):
+        return False
     if isinstance(exc, psycopg.InterfaceError | ConnectionFailed):
         return True
     if isinstance(exc, psycopg.OperationalError):

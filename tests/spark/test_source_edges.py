@@ -188,7 +188,7 @@ def test_a_commit_at_the_copys_consistent_point_is_applied(
     pg.execute("CREATE TABLE h (id int PRIMARY KEY, who text)")
     hits = 0
     # other WAL (a checkpoint, autovacuum) may come in between: a few attempts
-    for attempt, second_snapshot in enumerate([True, False] * 3):
+    for attempt, second_snapshot in enumerate([True, False] * 5):
         config = _config(
             pg, tmp_path / str(attempt), {"public.h": ["mirror", "history", "changelog"]}
         )

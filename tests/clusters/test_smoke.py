@@ -101,12 +101,21 @@ def test_standalone_workers_cannot_read_the_driver_tmp(
 
 @pytest.fixture
 def remote(connect_server: ConnectServer) -> Any:
-    """A Spark Connect client session in the test's process (no JVM here)."""
+    """A Spark Connect client session in the test's process (no JVM here). Making one marks
+    the whole process as a Connect client (pyspark sets SPARK_CONNECT_MODE_ENABLED for good):
+    the mark is taken back afterwards, or the later tests' classic session finds no session."""
     from pyspark.sql import SparkSession
 
+    marks = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+    before = {name: os.environ.get(name) for name in marks}
     session = SparkSession.builder.remote(connect_server.url).create()
     yield session
     session.stop()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def test_connect_runs_map_in_arrow(remote: Any, connect_server: ConnectServer) -> None:

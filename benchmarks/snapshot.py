@@ -93,8 +93,9 @@ def pgcdc_copy(
         }
     )
     pipeline = Pipeline(config, spark)
+    pipeline.prepare()  # the source checked, the start decided (a copy: the slot is new)
     started = time.monotonic()
-    pipeline.initial_copy()
+    pipeline.start()  # the copy, before any streaming
     seconds = time.monotonic() - started
     cores_used = int(spark.sparkContext.defaultParallelism)
     return startup, seconds, pipeline.copy_progress["public.bench"], cores_used

@@ -31,7 +31,7 @@ pytest_plugins = ["clusters.fixtures"]
 PG_VERSIONS = (15, 16, 18)
 #: The focused tests of what a pipeline must follow run on 17 as well (`pg_all`).
 ALL_VERSIONS = (15, 16, 17, 18)
-SERVER_FIXTURES = {"pg_server", "pg", "pg_server_all", "pg_all"}
+SERVER_FIXTURES = {"pg_server", "pg", "pg_server_all", "pg_all", "pg_one"}
 
 _skipped_versions: dict[int, str] = {}
 _started: dict[int, str] = {}
@@ -126,6 +126,19 @@ def pg(pg_server: EmbeddedServer) -> Iterator[Database]:
 def pg_all(pg_server_all: EmbeddedServer) -> Iterator[Database]:
     """`pg` on `pg_server_all`."""
     yield from _database(pg_server_all)
+
+
+@pytest.fixture
+def pg_one(pg_pool: ServerPool) -> Iterator[Database]:
+    """`pg` on one server only, the newest selected and installed: for what does not depend
+    on the server's version (the suite's time goes to the cases that do)."""
+    selected = _selected_versions()
+    usable = [
+        v for v in ALL_VERSIONS if (selected is None or v in selected) and v in available_versions()
+    ]
+    if not usable:
+        pytest.skip("no PostgreSQL server selected and installed")
+    yield from _database(_server(max(usable), pg_pool))
 
 
 @pytest.fixture(scope="session")

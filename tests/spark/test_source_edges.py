@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database, EmbeddedServer, available_versions
+from pgcdc.pipeline._quarantine import Quarantine
 from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
 from replication.helpers import unique, wait_for
@@ -410,6 +411,115 @@ def test_a_table_that_left_its_publication_is_noticed(
             return 5 not in rows and rows.get(6) == "out again" and 11 in rows
 
         running.wait_for(mended, "the resynchronization")
+        running.stop()
+    assert_identical(pg, config)
+
+
+class _Crash(BaseException):
+    """The process dies here (nothing after it runs; nothing is cleaned up as an error)."""
+
+
+def test_a_crash_before_a_resync_is_asked_for_forgets_nothing(
+    spark: Any, pg_one: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table left its publication and came back while the pipeline was stopped; the next
+    run finds that and dies right before it records that the table is to be resynchronized.
+    The run after must still know: what a look at the catalog found is recorded only after
+    what it asks for (the membership was recorded first, and the changes in between were
+    lost for good). The same for a look while the pipeline runs."""
+    pg = pg_one
+    pg.execute(
+        "CREATE TABLE p (id int PRIMARY KEY, v text);"
+        "INSERT INTO p SELECT g, 'v' FROM generate_series(1, 10) g"
+    )
+    config = _config(pg, tmp_path, {"public.p": ["mirror", "history"]})
+    pub = config["source"]["publication"]
+    run_pipeline(spark, config)
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise _Crash
+
+    def out_and_back(n: int) -> None:
+        pg.execute(f"ALTER PUBLICATION {pub} DROP TABLE p")
+        pg.execute(f"UPDATE p SET v = 'out {n}' WHERE id <= 3; DELETE FROM p WHERE id = {8 + n}")
+        pg.execute(f"ALTER PUBLICATION {pub} ADD TABLE p")
+
+    out_and_back(0)  # while stopped: the next run's first look finds it
+    with monkeypatch.context() as patched:
+        patched.setattr(Quarantine, "request_resync", crash)
+        with pytest.raises(_Crash):
+            run_pipeline(spark, config)
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+    with monkeypatch.context() as patched:  # while running: a later look finds it
+        patched.setattr(Quarantine, "request_resync", crash)
+        with RunningPipeline(spark, config) as running:
+            running.wait_for(lambda: running.caught_up(pg), "the stream")
+            out_and_back(1)
+            with pytest.raises(AssertionError, match="stopped"):
+                running.wait_for(lambda: False, "the crash", timeout=60)
+        assert isinstance(running.failure, _Crash)
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+
+
+def test_a_table_out_and_back_while_it_is_resynchronized(
+    spark: Any, pg_one: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table leaves its publication and comes back, and once more after its
+    resynchronization's snapshot was taken, before the copy is in: a look at the catalog
+    sees the second time while the table waits for that copy. It must not be taken as
+    mended (the look was recorded, and the changes of the second time were lost for good):
+    the table is resynchronized again once the copy is in."""
+    import threading
+
+    from pgcdc.pipeline import _tables
+    from pgcdc.pipeline._copy import InitialCopy
+
+    pg = pg_one
+    pg.execute(
+        "CREATE TABLE p (id int PRIMARY KEY, v text);"
+        "INSERT INTO p SELECT g, 'v' FROM generate_series(1, 10) g"
+    )
+    config = _config(pg, tmp_path, {"public.p": ["mirror", "history"]})
+    pub = config["source"]["publication"]
+    run_pipeline(spark, config)
+    looks = [0]
+    snapshot_taken, go = threading.Event(), threading.Event()
+    inspect, copy = _tables.inspect_tables, InitialCopy._copy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        looks[0] += 1
+        return inspect(*args, **kwargs)
+
+    def held(self: InitialCopy, *args: Any, **kwargs: Any) -> Any:
+        if not snapshot_taken.is_set():  # the first resynchronization only
+            snapshot_taken.set()
+            go.wait(120)
+        return copy(self, *args, **kwargs)
+
+    def out_and_back(v: str, where: str) -> None:
+        pg.execute(f"ALTER PUBLICATION {pub} DROP TABLE p")
+        pg.execute(f"UPDATE p SET v = '{v}' WHERE {where}")
+        pg.execute(f"ALTER PUBLICATION {pub} ADD TABLE p")
+
+    monkeypatch.setattr(_tables, "inspect_tables", counted)
+    monkeypatch.setattr(InitialCopy, "_copy", held)
+    mirror = DeltaTarget(str(tmp_path / "lake" / "public.p"), "mirror", app_id="pgcdc:test")
+    with RunningPipeline(spark, config) as running:
+        running.wait_for(lambda: running.caught_up(pg), "the stream")
+        out_and_back("first", "id <= 3")
+        running.wait_for(snapshot_taken.is_set, "the resynchronization's snapshot")
+        out_and_back("second", "id >= 8")
+        seen = looks[0]
+        running.wait_for(lambda: looks[0] >= seen + 2, "a look at the catalog")
+        go.set()
+
+        def mended() -> bool:
+            rows = {r["id"]: r["v"] for r in mirror.to_arrow().to_pylist()}
+            return rows.get(1) == "first" and rows.get(10) == "second"
+
+        running.wait_for(mended, "both times mended")
         running.stop()
     assert_identical(pg, config)
 

@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pgcdc.errors import PgcdcError, PublicationNotFound
 from pgcdc.replication.slots import connect_sql
@@ -41,15 +41,17 @@ from pgcdc.storage import FileIO
 
 __all__ = [
     "BindingError",
+    "Inspection",
     "TableBindings",
     "TableEvent",
     "bind_partition",
-    "bind_tables",
     "inspect_tables",
     "partial_truncates",
 ]
 
 log = logging.getLogger(__name__)
+
+V = TypeVar("V")
 
 
 class BindingError(PgcdcError):
@@ -146,9 +148,25 @@ def _quoted(table: str) -> str:
 
 @dataclass(slots=True)
 class _Recorded:
+    """Per configured table: its OID, its leaf partitions (a partitioned table's), the
+    publications' catalog rows that publish it."""
+
     oids: dict[str, int] = field(default_factory=dict)
     leaves: dict[str, set[int]] = field(default_factory=dict)
     membership: dict[str, list[str]] = field(default_factory=dict)
+
+    def updated(self, other: _Recorded) -> _Recorded:
+        """These records, with `other`'s tables as `other` has them."""
+        return _Recorded(
+            {**self.oids, **other.oids},
+            {**self.leaves, **other.leaves},
+            {**self.membership, **other.membership},
+        )
+
+    def document(self) -> str:
+        leaves = {t: sorted(o) for t, o in self.leaves.items()}
+        data = {"oids": self.oids, "leaves": leaves, "membership": self.membership}
+        return json.dumps(data, indent=1, sort_keys=True)
 
 
 #: The file of the pipeline's state the bindings are recorded in.
@@ -173,21 +191,35 @@ def _load(state: FileIO) -> _Recorded | None:
         raise BindingError(f"{where}: unreadable table bindings ({exc})") from None
 
 
-def _save(state: FileIO, bindings: TableBindings, recorded: _Recorded, exists: bool) -> None:
-    def document(oids: Any, leaves: Any, membership: Any) -> str:
-        leaves = {t: sorted(o) for t, o in leaves.items()}
-        data = {"oids": oids, "leaves": leaves, "membership": membership}
-        return json.dumps(data, indent=1, sort_keys=True)
+@dataclass(slots=True)
+class Inspection:
+    """What `inspect_tables` found: the bindings of now and what happened since (events).
 
-    before = document(recorded.oids, recorded.leaves, recorded.membership)
-    after = document(
-        {**recorded.oids, **bindings.oids},
-        {**recorded.leaves, **bindings.leaves},
-        {**recorded.membership, **bindings.membership},
-    )
-    if after == before and exists:
-        return
-    state.write(TABLES_FILE, after.encode())
+    What was found is written down (`record`, into ``tables.json``) only after the events
+    were acted upon durably (a resynchronization asked for, a table set aside): were it
+    written first, a crash between the two would forget that the table's changes in between
+    never came, and the next run would find nothing to mend."""
+
+    bindings: TableBindings
+    events: list[TableEvent]
+    #: What the events were found against (the records, or the last inspection's findings).
+    base: _Recorded
+    #: What the next inspection is to compare with (this one's findings, once recorded).
+    seen: _Recorded
+    state: FileIO
+    loaded: _Recorded | None
+
+    def record(self, *, keep: Iterable[str] = ()) -> None:
+        """Write the findings down. `keep`: tables whose membership and partitions stay as
+        they were recorded: a copy of them is under way, under a snapshot that may be older
+        than what changed — the next inspection after it finds the change again."""
+        for table in keep:
+            _restore(self.seen.membership, self.base.membership, table)
+            _restore(self.seen.leaves, self.base.leaves, table)
+        loaded = self.loaded or _Recorded()
+        after = loaded.updated(self.seen).document()
+        if self.loaded is None or after != loaded.document():
+            self.state.write(TABLES_FILE, after.encode())
 
 
 def _check_publications(conn: Any, pubs: list[str]) -> list[str]:
@@ -208,26 +240,29 @@ def _check_publications(conn: Any, pubs: list[str]) -> list[str]:
     return lines
 
 
+def _restore(now: dict[str, V], base: dict[str, V], table: str) -> None:
+    if table in base:
+        now[table] = base[table]
+    else:
+        now.pop(table, None)
+
+
 def inspect_tables(
     conninfo: str,
     publications: Iterable[str],
     tables: Iterable[str],
     state: FileIO,
-    bindings: TableBindings | None = None,
-) -> tuple[TableBindings, list[TableEvent]]:
+    since: Inspection | None = None,
+) -> Inspection:
     """Resolve (first run) or check again every configured table against what was recorded
-    (``tables.json`` in the pipeline's `state`) or bound (`bindings`, while running): its
-    OID, its partitions, its membership in the publications. The bindings of now (recorded)
-    and what happened since (events; a table that cannot be bound at all raises
-    `BindingError`)."""
+    (``tables.json`` in the pipeline's `state`), or, while running, what the last inspection
+    (`since`) found: its OID, its partitions, its membership in the publications. A table
+    that cannot be bound at all raises `BindingError`; nothing is recorded until
+    `Inspection.record`."""
     loaded = _load(state)
-    recorded = _Recorded() if loaded is None else loaded
-    if bindings is not None:  # while running: against what this run saw last
-        recorded = _Recorded(
-            {**recorded.oids, **bindings.oids},
-            {**recorded.leaves, **bindings.leaves},
-            {**recorded.membership, **bindings.membership},
-        )
+    base = _Recorded() if loaded is None else loaded
+    if since is not None:
+        base = base.updated(since.seen)
     pubs = [p.strip() for p in publications if p.strip()]
     now = TableBindings({})
     events: list[TableEvent] = []
@@ -238,11 +273,15 @@ def inspect_tables(
         schemas = _SCHEMA_MEMBERSHIP if conn.info.server_version >= 150000 else ""
         membership_sql = _MEMBERSHIP.format(schema=schemas)
         for table in tables:
-            event = _inspect(conn, table, pubs, published, membership_sql, recorded, now)
+            event = _inspect(conn, table, pubs, published, membership_sql, base, now)
             if event is not None:
                 events.append(event)
-    _save(state, now, recorded, exists=loaded is not None)
-    return now, events
+    seen = _Recorded(
+        dict(now.oids),
+        {t: set(leaves) for t, leaves in now.leaves.items()},  # (routing adds partitions)
+        dict(now.membership),
+    )
+    return Inspection(now, events, base, seen, state, loaded)
 
 
 def _inspect(
@@ -321,18 +360,6 @@ def _inspect(
             frozenset(detached),
         )
     return None
-
-
-def bind_tables(
-    conninfo: str, publications: Iterable[str], tables: Iterable[str], state: FileIO
-) -> TableBindings:
-    """The bindings at start; raises `BindingError` with the line of the first event that
-    stops a pipeline (see `inspect_tables` for the others)."""
-    bindings, events = inspect_tables(conninfo, publications, tables, state)
-    for event in events:
-        if not event.resync:
-            raise BindingError(event.line)
-    return bindings
 
 
 def bind_partition(conninfo: str, bindings: TableBindings, relation_oid: int) -> str | None:

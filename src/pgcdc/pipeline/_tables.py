@@ -17,8 +17,8 @@ from pgcdc.errors import PipelineFailed
 from pgcdc.monitoring import PipelineMetrics
 from pgcdc.pipeline._bindings import (
     BindingError,
+    Inspection,
     TableBindings,
-    TableEvent,
     bind_partition,
     inspect_tables,
 )
@@ -53,6 +53,8 @@ class FollowedTables:
         self.state = state
         self.quarantine = Quarantine(state)
         self.bindings: TableBindings | None = None
+        #: The last inspection (what the next one compares with).
+        self._inspection: Inspection | None = None
         #: Tables whose targets wait for a copy, or are quarantined: their changes go to
         #: their pending change log.
         self.pending: set[str] = set()
@@ -71,14 +73,14 @@ class FollowedTables:
         followed; a table whose rows changed since with no change in the stream is
         resynchronized."""
         if self.bindings is None:
-            bindings, events = inspect_tables(
+            inspection = inspect_tables(
                 self.config.conninfo, self.config.publications, self.targets, self.state
             )
-            for event in events:
+            for event in inspection.events:
                 if not event.resync:
                     raise BindingError(event.line)
-            self.bindings = bindings
-            self._react(events)
+            self._react(inspection)
+            self.bindings = inspection.bindings
         return self.bindings
 
     def table_of(self, relid: int, relation: Relation | None) -> str | None:
@@ -118,33 +120,42 @@ class FollowedTables:
             return
         self._checked = now
         config = self.config
-        bindings, events = inspect_tables(
-            config.conninfo, config.publications, self.targets, self.state, self.bind()
+        bindings = self.bind()
+        inspection = inspect_tables(
+            config.conninfo, config.publications, self.targets, self.state, self._inspection
         )
-        for table, routes in self.bind().routes.items():  # partitions bound on the way
-            bindings.routes.setdefault(table, routes)
+        for relid, table in bindings.routes.items():  # partitions bound on the way
+            inspection.bindings.routes.setdefault(relid, table)
+        events = inspection.events
         stopping = [e for e in events if e.kind in ("recreated", "publish")]
         stopping += [
             e
             for e in events
             if e.kind == "unpublished" and config.on_error.get(e.table, "stop") == "stop"
         ]
-        if stopping:
+        if stopping:  # (nothing recorded: the next run finds the events again)
             raise PipelineFailed(stopping[0].line)
         for event in events:
             if event.kind == "gone" and event.table not in self._warned:
                 self._warned.add(event.table)
                 log.warning("%s", event.line)
-            elif event.kind == "unpublished" and event.table not in self.pending:
-                self.set_aside(event.table, event.line, "")
-        self.bindings = bindings
-        self._react(events)
+        self._react(inspection)
+        self.bindings = inspection.bindings
 
-    def _react(self, events: list[TableEvent]) -> None:
-        """Resynchronize the tables `events` say changed with no change in the stream."""
+    def _react(self, inspection: Inspection) -> None:
+        """Act on what `inspection` found — set aside the tables that left their publication
+        (with ``on_error = "quarantine"``), resynchronize those changed with no change in the
+        stream — and only then record it (`Inspection.record`). A table already waiting for
+        a copy keeps its records: that copy's snapshot may be older than the change."""
+        waiting = set(self.pending)
         resync = []
-        for event in events:
-            if not event.resync or event.table in self.pending:
+        for event in inspection.events:
+            if event.table in self.pending:
+                continue
+            if event.kind == "unpublished":
+                self.set_aside(event.table, event.line, "")
+                continue
+            if not event.resync:
                 continue
             on_detach = self.config.on_detach.get(event.table, "remove")
             if event.kind == "partitions" and not event.attached and on_detach == "keep":
@@ -154,6 +165,8 @@ class FollowedTables:
             self.quarantine.request_resync(event.table, event.line)
             self.pending.add(event.table)
             resync.append(event.table)
+        inspection.record(keep=waiting)
+        self._inspection = inspection
         if resync:
             self._on_resync(resync)
 

@@ -109,3 +109,35 @@ def test_a_reconcile_adding_a_timestamp_column(tmp_path: Path, mode: str, keyed:
     # the columns the target had; a multiset copy of it is rewritten)
     assert (2, "b2", None) in rows(data, "id", "name", "at")
     assert t.watermark == 0x900 - 1
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_reconcile_with_a_type_the_source_changed(tmp_path: Path, mode: str, keyed: bool) -> None:
+    """While the table could not be streamed (out of its publication, the slot lost), the
+    source widened a column (int to bigint, a value beyond int's range written since) and
+    changed another to a type its values cannot be cast to (int to text): the target takes
+    the copy's types first (the reconcile cast to the target's types and failed:
+    "Integer value 79884494913 not in range"), a history's ended versions keeping what can
+    be cast."""
+    rel = relation(("id", INT4, True), ("n", INT4), ("t", INT4), identity="d" if keyed else "f")
+    t = DeltaTarget(str(tmp_path / mode), mode, app_id="x")  # type: ignore[arg-type]
+    t.apply(envelope(txn(0x100, insert(rel, id=1, n=1, t=10), insert(rel, id=2, n=2, t=20))))
+    t.apply(envelope(txn(0x200, delete(rel, id=1, n=1, t=10))))
+    copy = pa.table(
+        {
+            "id": pa.array([2, 3], pa.int32()),
+            "n": pa.array([2, 79884494913], pa.int64()),
+            "t": pa.array(["r20", "r30"], pa.string()),
+        }
+    )
+    t.reconcile(copy, 0x900, ["id"] if keyed else [])
+    data = DeltaTarget(t.path, mode, app_id="x").to_arrow()  # type: ignore[arg-type]
+    assert data.schema.field("n").type == pa.int64()
+    assert data.schema.field("t").type == pa.string()
+    live = data.filter(data.column("__END_AT").is_null()) if mode == "history" else data
+    assert rows(live, "id", "n", "t") == [(2, 2, "r20"), (3, 79884494913, "r30")]
+    if mode == "history":  # ended before: the int values as text
+        ended = data.filter(data.column("__END_AT").is_valid())
+        assert sorted(rows(ended, "id", "n", "t")) == [(1, 1, "10"), (2, 2, "20")]
+    assert t.watermark == 0x900 - 1

@@ -160,6 +160,21 @@ class Writer:
             data = with_column(data, column, values)
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
 
+    def retype(self, table: DeltaTable, schema: pa.Schema, changed: set[str]) -> None:
+        """The whole table again, in one commit without a watermark, with the `changed`
+        columns in `schema`'s types: cast (widened, a composite reshaped), or null where a
+        value cannot be (a column retyped: its values in a history's ended versions).
+        Done again after a crash, it writes the same."""
+        data = self.io.query(table, "SELECT * FROM t", self.io.schema(table))
+        kept = data.drop_columns(sorted(changed))
+        retyped = conform(kept, pa.schema([f for f in schema if f.name in data.column_names]))
+        for column in changed:
+            to = schema.field(column).type
+            retyped = with_column(
+                retyped, column, cast_or_null(data.column(column), to, self.path, column)
+            )
+        write_deltalake(table, retyped, mode="overwrite", schema_mode="overwrite")
+
     def check_new_key(self, table: DeltaTable, shape: Shape, seq: Seq) -> None:
         """Rows are matched by `shape`'s key from `seq` on, a key other than before (a new
         primary key or replica identity index). The source has a value in each of its

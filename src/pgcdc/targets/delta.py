@@ -109,7 +109,7 @@ from pgcdc.targets.fold import (
     segments,
 )
 from pgcdc.targets.naming import Naming
-from pgcdc.targets.schema import Evolution, plan_evolution
+from pgcdc.targets.schema import Evolution, plan_evolution, plan_reconcile
 from pgcdc.types.arrow import UNCHANGED_TOAST_COLUMN, ArrowBatchBuilder
 from pgcdc.types.mapping import DEFAULT_OPTIONS, MappingOptions
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
@@ -500,11 +500,9 @@ class DeltaTarget(Target):
             followed, _ = self.writer.follow_columns(table, last_commit(table), [shape])
             assert followed is not None
             table = followed
-        current = self.io.schema(table)
-        names = rows.column_names
-        schema = pa.schema(
-            [*current] + [rows.schema.field(n) for n in names if n not in current.names]
-        )
+        schema, changed = plan_reconcile(self.io.schema(table), rows.schema)
+        if changed:  # types the source changed while the table could not be streamed
+            self.writer.retype(table, schema, changed)
         data = conform(self.io.read_all(table), schema)  # columns new to the target: null
         if self.mode == "history":
             data = data.filter(pc.is_null(data.column(END_AT)))

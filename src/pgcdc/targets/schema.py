@@ -42,7 +42,7 @@ from pgcdc.targets.added_columns import AddedColumn, added_columns
 from pgcdc.targets.base import END_AT, SEQUENCE_TYPE, START_AT, Mode
 from pgcdc.targets.fold import Change
 
-__all__ = ["Evolution", "plan_evolution"]
+__all__ = ["Evolution", "plan_evolution", "plan_reconcile"]
 
 #: Raises when the table format cannot store a field (the source's table name, the field).
 Storable = Callable[[str, pa.Field], None]
@@ -153,3 +153,22 @@ def plan_evolution(
     if current is None and mode == "history":
         fields += [pa.field(START_AT, SEQUENCE_TYPE), pa.field(END_AT, SEQUENCE_TYPE)]
     return Evolution(pa.schema(fields), widened - set(retyped), retyped, added, prior)
+
+
+def plan_reconcile(current: pa.Schema, copied: pa.Schema) -> tuple[pa.Schema, set[str]]:
+    """The schema a target takes to be reconciled with a copy of its table (`copied`: the
+    copy's columns, as the source has them now): its columns, each in the copy's type where
+    the source changed it while the table could not be streamed (widened, a composite
+    reshaped, or retyped), then the copy's columns new to it; and the columns whose type
+    changes (the table is rewritten with them first). A column the target holds wider than
+    the copy stays as it is."""
+    fields, changed = [], set()
+    for f in current:
+        new = copied.field(f.name).type if f.name in copied.names else f.type
+        if same(f.type, new) or widens(new, f.type):
+            fields.append(f)
+        else:
+            fields.append(pa.field(f.name, new))
+            changed.add(f.name)
+    fields += [f for f in copied if f.name not in current.names]
+    return pa.schema(fields), changed

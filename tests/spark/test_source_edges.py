@@ -524,6 +524,66 @@ def test_a_table_out_and_back_while_it_is_resynchronized(
     assert_identical(pg, config)
 
 
+def test_ddl_that_came_before_it_is_visible(
+    spark: Any, pg_one: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The walsender sends a transaction once its commit record is flushed; the committing
+    backend makes it visible to other sessions only after that (here held there for seconds
+    by a synchronous standby that never comes; under load, for a moment). The columns the
+    transaction added are read from the catalog only once they are visible: they were read
+    before, not found, and matched by name ("the catalog no longer says what column(s) w
+    are"), once with the wrong values in a few rows."""
+    import threading
+
+    import psycopg
+
+    pg = pg_one
+    pg.execute(
+        "CREATE TABLE a (id int PRIMARY KEY, v text);"
+        "INSERT INTO a SELECT g, 'v' FROM generate_series(1, 20) g"
+    )
+    config = _config(pg, tmp_path, {"public.a": ["mirror", "history"]})
+    mirror = DeltaTarget(str(tmp_path / "lake" / "public.a"), "mirror", app_id="pgcdc:test")
+
+    def ddl() -> None:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute(
+                "ALTER TABLE a DROP COLUMN v, ADD COLUMN v text DEFAULT 'd', "
+                "ADD COLUMN w int DEFAULT 7; UPDATE a SET w = 8, v = 'new' WHERE id <= 5"
+            )
+
+    caplog.set_level(logging.WARNING, logger="pgcdc")
+    with RunningPipeline(spark, config) as running:
+        running.wait_for(lambda: mirror.exists and mirror.to_arrow().num_rows == 20, "the copy")
+        committing = threading.Thread(target=ddl)
+        try:
+            pg.execute("ALTER SYSTEM SET synchronous_standby_names = 'pgcdc_nobody'")
+            pg.execute("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+            committing.start()
+            wait_for(
+                lambda: pg.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                )[0][0],
+                timeout=30,
+                what="the commit to wait for the standby",
+            )
+            time.sleep(3)  # the stream brings it meanwhile
+        finally:
+            pg.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            pg.execute("SELECT pg_reload_conf()")
+            committing.join(30)
+
+        def applied() -> bool:
+            rows = {r["id"]: (r["v"], r.get("w")) for r in mirror.to_arrow().to_pylist()}
+            return rows.get(1) == ("new", 8) and rows.get(6) == ("d", 7)
+
+        running.wait_for(applied, "the DDL's transaction")
+        running.stop()
+    assert_identical(pg, config)
+    assert "no longer says" not in caplog.text
+
+
 @pytest.mark.parametrize("on_error", ["stop", "quarantine"])
 def test_a_copy_beside_the_stream_that_fails_with_any_error_is_reported(
     spark: Any,

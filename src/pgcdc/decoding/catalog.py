@@ -10,11 +10,54 @@ session pins (`DEFAULT_SESSION_SETTINGS`), so the values it prints (a column def
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from pgcdc.replication.sql_session import SqlSession
 
-__all__ = ["Catalog", "quote_identifier"]
+__all__ = ["Catalog", "quote_identifier", "wait_until_visible"]
+
+
+log = logging.getLogger(__name__)
+
+#: Whether a transaction (its 32-bit xid) is in progress for a snapshot taken now: at or past
+#: the snapshot's xmax (the latest completed xid + 1: a transaction still committing need not
+#: be listed), or listed (xids compared modulo 2^32, as the server does).
+_IN_PROGRESS = """
+SELECT (%s - pg_catalog.txid_snapshot_xmax(s) %% 4294967296 + 4294967296) %% 4294967296
+         < 2147483648
+       OR EXISTS (SELECT FROM pg_catalog.txid_snapshot_xip(s) x WHERE x %% 4294967296 = %s)
+FROM pg_catalog.txid_current_snapshot() s"""
+
+
+def wait_until_visible(
+    query: Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]],
+    xid: int,
+    timeout: float = 10.0,
+) -> bool:
+    """Wait until transaction `xid`, whose commit the stream brought, is visible to the
+    catalog reads that follow (`query`: a connection's). The walsender sends a transaction
+    once its commit record is flushed; the committing backend makes it visible to other
+    sessions only after that (and after a synchronous standby confirmed it): a read in the
+    window sees the catalog without the transaction's DDL (a column just added is not
+    there). Gives up after `timeout` seconds (a synchronous standby that waits for this
+    very pipeline would never let it through); whether it became visible."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while query(_IN_PROGRESS, (xid, xid))[0][0]:
+        if time.monotonic() >= deadline:
+            log.warning(
+                "transaction %s is still not visible %.0f s after its commit came: the "
+                "catalog is read without it",
+                xid,
+                timeout,
+            )
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+    return True
 
 
 class Catalog:

@@ -44,6 +44,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pgcdc.decoding.catalog import wait_until_visible
 from pgcdc.protocol import Relation
 
 __all__ = ["Attribute", "ColumnIdentities", "resolve_attnums"]
@@ -223,6 +224,8 @@ class ColumnIdentities:
 
     def __call__(self, relation: Relation, xid: int | None = None) -> tuple[int, ...]:
         query = self.catalog.query  # type: ignore[attr-defined]
+        if xid:  # (its commit came; the catalog may not show it yet)
+            wait_until_visible(query, xid)
         rows = query(_ATTRIBUTES, (relation.relid,))
         published: set[str] | None = None
         if self.publications and int(query("SHOW server_version_num")[0][0]) >= 150000:

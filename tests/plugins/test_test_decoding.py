@@ -16,6 +16,7 @@ with autovacuum off, so that no autovacuum ANALYZE transaction lands in the comp
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from pgcdc.plugins.test_decoding import (
     timestamptz_to_str,
 )
 from pgcdc.replication import DEFAULT_SESSION_SETTINGS, StreamOptions
-from replication.helpers import unique, wait_for
+from replication.helpers import commits_held_back, unique, wait_for
 
 NO_AUTOVACUUM = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
 #: A value TOASTed out of line: hex digits do not compress (pglz finds no repeats).
@@ -687,3 +688,35 @@ FILTERED_STREAMED_PREPARE = Workload(
 
 def test_filtered_prepare_of_a_streamed_transaction(pg: Database) -> None:
     assert_same(compare(pg, FILTERED_STREAMED_PREPARE, {"stream-changes": "1"}))
+
+
+def test_a_type_made_by_a_transaction_not_visible_yet(pg_one: Database) -> None:
+    """The walsender sends a transaction before other sessions see it (its commit held back
+    here by a synchronous standby that never comes): the name of a type it created is read
+    once it is visible (format_type said '???' before)."""
+    import threading
+
+    pg = pg_one
+    pg.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    slot = unique("pgo")
+    pg.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    lines: list[str] = []
+    runner = PluginRunner(
+        pg.dsn,
+        slot,
+        "test_decoding",
+        StreamOptions(("pub",)),
+        sink=lambda write: lines.append(write.data.decode()),
+        until_idle=True,
+    )
+    made = (
+        "CREATE TYPE mood AS ENUM ('ok'); CREATE TABLE t (id int, m mood);"
+        "INSERT INTO t VALUES (1, 'ok')"
+    )
+    with commits_held_back(pg, made):
+        running = threading.Thread(target=runner.run)
+        running.start()
+        wait_for(lambda: lines, timeout=30, what="the transaction's BEGIN")
+        time.sleep(2)
+    running.join(60)
+    assert "table public.t: INSERT: id[integer]:1 m[mood]:'ok'" in lines, lines

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
+
 from pgcdc.embedded import Database
 from pgcdc.protocol import (
     Begin,
@@ -483,3 +485,33 @@ class TcpProxy:
     def close(self) -> None:
         self._stop_listening()
         self._close_all()
+
+
+@contextlib.contextmanager
+def commits_held_back(db: Database, sql: str) -> Iterator[None]:
+    """Run `sql` in a thread, its commit held back after its commit record is flushed (a
+    synchronous standby that never comes: the walsender sends the transaction, other
+    sessions do not see it yet) for as long as the block runs."""
+
+    def commit() -> None:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(sql)
+
+    committing = threading.Thread(target=commit)
+    try:
+        db.execute("ALTER SYSTEM SET synchronous_standby_names = 'pgcdc_nobody'")
+        db.execute("SELECT pg_reload_conf()")
+        time.sleep(0.5)
+        committing.start()
+        wait_for(
+            lambda: db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            )[0][0],
+            timeout=30,
+            what="the commit to wait for the standby",
+        )
+        yield
+    finally:
+        db.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        db.execute("SELECT pg_reload_conf()")
+        committing.join(30)

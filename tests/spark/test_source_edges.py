@@ -16,7 +16,7 @@ from pgcdc.embedded import Database, EmbeddedServer, available_versions
 from pgcdc.pipeline._quarantine import Quarantine
 from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget
-from replication.helpers import unique, wait_for
+from replication.helpers import commits_held_back, unique, wait_for
 from spark.helpers import RunningPipeline, assert_identical, pipeline_config, run_pipeline
 
 pytestmark = pytest.mark.server
@@ -533,10 +533,6 @@ def test_ddl_that_came_before_it_is_visible(
     transaction added are read from the catalog only once they are visible: they were read
     before, not found, and matched by name ("the catalog no longer says what column(s) w
     are"), once with the wrong values in a few rows."""
-    import threading
-
-    import psycopg
-
     pg = pg_one
     pg.execute(
         "CREATE TABLE a (id int PRIMARY KEY, v text);"
@@ -544,35 +540,15 @@ def test_ddl_that_came_before_it_is_visible(
     )
     config = _config(pg, tmp_path, {"public.a": ["mirror", "history"]})
     mirror = DeltaTarget(str(tmp_path / "lake" / "public.a"), "mirror", app_id="pgcdc:test")
-
-    def ddl() -> None:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute(
-                "ALTER TABLE a DROP COLUMN v, ADD COLUMN v text DEFAULT 'd', "
-                "ADD COLUMN w int DEFAULT 7; UPDATE a SET w = 8, v = 'new' WHERE id <= 5"
-            )
-
     caplog.set_level(logging.WARNING, logger="pgcdc")
     with RunningPipeline(spark, config) as running:
         running.wait_for(lambda: mirror.exists and mirror.to_arrow().num_rows == 20, "the copy")
-        committing = threading.Thread(target=ddl)
-        try:
-            pg.execute("ALTER SYSTEM SET synchronous_standby_names = 'pgcdc_nobody'")
-            pg.execute("SELECT pg_reload_conf()")
-            time.sleep(0.5)
-            committing.start()
-            wait_for(
-                lambda: pg.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
-                )[0][0],
-                timeout=30,
-                what="the commit to wait for the standby",
-            )
+        ddl = (
+            "ALTER TABLE a DROP COLUMN v, ADD COLUMN v text DEFAULT 'd', "
+            "ADD COLUMN w int DEFAULT 7; UPDATE a SET w = 8, v = 'new' WHERE id <= 5"
+        )
+        with commits_held_back(pg, ddl):
             time.sleep(3)  # the stream brings it meanwhile
-        finally:
-            pg.execute("ALTER SYSTEM RESET synchronous_standby_names")
-            pg.execute("SELECT pg_reload_conf()")
-            committing.join(30)
 
         def applied() -> bool:
             rows = {r["id"]: (r["v"], r.get("w")) for r in mirror.to_arrow().to_pylist()}

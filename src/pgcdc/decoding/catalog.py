@@ -68,9 +68,20 @@ class Catalog:
         self.session = SqlSession(conninfo, pinned_settings=True)
         self._type_names: dict[tuple[int, int | None], str] = {}
         self._keywords: frozenset[str] | None = None
+        #: A transaction whose commit came, not yet known to be visible here.
+        self._committed: int | None = None
+
+    def committed(self, xid: int) -> None:
+        """The changes that follow are of transaction `xid`, whose commit came: the next
+        read (if any: cached answers need none) first waits until it is visible
+        (`wait_until_visible`: a type it created must be found)."""
+        self._committed = xid
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only query; the rows."""
+        if self._committed is not None:
+            xid, self._committed = self._committed, None
+            wait_until_visible(self.session.query, xid)
         return self.session.query(sql, params)
 
     def type_name(self, type_oid: int, type_modifier: int | None = None) -> str:

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import cast
 
 from pgcdc.decoding.assembler import AssemblerStats, TransactionAssembler
 from pgcdc.decoding.catalog import Catalog
 from pgcdc.decoding.context import DecodingContext, OutputWrite
 from pgcdc.decoding.plugin import OutputPlugin, OutputPluginOptions, capabilities, load_plugin
 from pgcdc.decoding.spill import DEFAULT_MEMORY_LIMIT, SpillPool
-from pgcdc.protocol import Lsn, StreamingMode
+from pgcdc.protocol import Begin, Lsn, StreamCommit, StreamingMode
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.options import OriginFilter, StreamOptions
 from pgcdc.replication.stream import LogicalStream
 
 __all__ = ["PluginRunner"]
+
+#: The messages that begin the changes of a committed transaction (their xid: its).
+_COMMITTED = frozenset({Begin, StreamCommit})
 
 
 class PluginRunner:
@@ -129,8 +133,11 @@ class PluginRunner:
                 only_local=self._only_local,
                 acks=client.acks,
             )
+            catalog = self.catalog
             with client:
                 for frame, message in client:
+                    if type(message) in _COMMITTED:  # (a prepared one is not visible yet)
+                        catalog.committed(cast(Begin | StreamCommit, message).xid)
                     end = assembler.feed(message, frame.data_start)
                     if end is not None and self.auto_confirm and end > client.acks.durable:
                         if self.on_durable is not None:

@@ -415,6 +415,17 @@ def test_a_table_that_left_its_publication_is_noticed(
     assert_identical(pg, config)
 
 
+def _copied(spark: Any, pg: Database, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """Table p (ten rows) copied by a pipeline: its configuration and publication."""
+    pg.execute(
+        "CREATE TABLE p (id int PRIMARY KEY, v text);"
+        "INSERT INTO p SELECT g, 'v' FROM generate_series(1, 10) g"
+    )
+    config = _config(pg, tmp_path, {"public.p": ["mirror", "history"]})
+    run_pipeline(spark, config)
+    return config, config["source"]["publication"]
+
+
 class _Crash(BaseException):
     """The process dies here (nothing after it runs; nothing is cleaned up as an error)."""
 
@@ -428,13 +439,7 @@ def test_a_crash_before_a_resync_is_asked_for_forgets_nothing(
     what it asks for (the membership was recorded first, and the changes in between were
     lost for good). The same for a look while the pipeline runs."""
     pg = pg_one
-    pg.execute(
-        "CREATE TABLE p (id int PRIMARY KEY, v text);"
-        "INSERT INTO p SELECT g, 'v' FROM generate_series(1, 10) g"
-    )
-    config = _config(pg, tmp_path, {"public.p": ["mirror", "history"]})
-    pub = config["source"]["publication"]
-    run_pipeline(spark, config)
+    config, pub = _copied(spark, pg, tmp_path)
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise _Crash
@@ -477,13 +482,7 @@ def test_a_table_out_and_back_while_it_is_resynchronized(
     from pgcdc.pipeline._copy import InitialCopy
 
     pg = pg_one
-    pg.execute(
-        "CREATE TABLE p (id int PRIMARY KEY, v text);"
-        "INSERT INTO p SELECT g, 'v' FROM generate_series(1, 10) g"
-    )
-    config = _config(pg, tmp_path, {"public.p": ["mirror", "history"]})
-    pub = config["source"]["publication"]
-    run_pipeline(spark, config)
+    config, pub = _copied(spark, pg, tmp_path)
     looks = [0]
     snapshot_taken, go = threading.Event(), threading.Event()
     inspect, copy = _tables.inspect_tables, InitialCopy._copy

@@ -654,6 +654,34 @@ def test_partitions_attached_with_rows_and_detached_are_followed(
         assert len(mirror) == 20 + 15
 
 
+def test_a_partition_attached_while_running_whose_change_comes_first(
+    spark: Any, pg_one: Database, tmp_path: Path
+) -> None:
+    """A partition attached with rows while the pipeline runs, and changed in the same
+    transaction: the stream may meet the partition before a look at the catalog does (and
+    bind it on the way). Its rows are copied all the same."""
+    pg = pg_one
+    pg.execute(
+        "CREATE TABLE m (id int, at date, v text, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);"
+        "CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');"
+        "INSERT INTO m SELECT g, '2024-03-01', 'old' FROM generate_series(1, 20) g"
+    )
+    config = _config(pg, tmp_path, {"public.m": ["mirror", "history"]})
+    mirror = DeltaTarget(str(tmp_path / "lake" / "public.m"), "mirror", app_id="pgcdc:test")
+    with RunningPipeline(spark, config) as running:
+        running.wait_for(lambda: mirror.exists and mirror.to_arrow().num_rows == 20, "the copy")
+        pg.execute(
+            "CREATE TABLE m_2025 (LIKE m INCLUDING ALL);"
+            "INSERT INTO m_2025 SELECT g, '2025-06-01', 'attached' FROM generate_series(1, 15) g;"
+            "ALTER TABLE m ATTACH PARTITION m_2025 "
+            "FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');"
+            "UPDATE m SET v = 'streamed' WHERE at = '2025-06-01' AND id = 1"
+        )
+        running.wait_for(lambda: mirror.to_arrow().num_rows == 35, "the attached rows")
+        running.stop()
+    assert_identical(pg, config)
+
+
 @pytest.mark.parametrize(
     "alter",
     [

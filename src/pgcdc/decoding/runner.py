@@ -19,15 +19,17 @@ from pgcdc.decoding.catalog import Catalog
 from pgcdc.decoding.context import DecodingContext, OutputWrite
 from pgcdc.decoding.plugin import OutputPlugin, OutputPluginOptions, capabilities, load_plugin
 from pgcdc.decoding.spill import DEFAULT_MEMORY_LIMIT, SpillPool
-from pgcdc.protocol import Begin, Lsn, StreamCommit, StreamingMode
+from pgcdc.protocol import Begin, CommitPrepared, Lsn, StreamCommit, StreamingMode
 from pgcdc.replication.client import ReplicationClient
 from pgcdc.replication.options import OriginFilter, StreamOptions
 from pgcdc.replication.stream import LogicalStream
 
 __all__ = ["PluginRunner"]
 
-#: The messages that begin the changes of a committed transaction (their xid: its).
-_COMMITTED = frozenset({Begin, StreamCommit})
+#: The messages after which the changes of a committed transaction are delivered (their xid:
+#: its): a Begin, a streamed or a prepared transaction's commit (the assembler delivers one
+#: held until then). Not a prepare: that transaction is not visible before its commit.
+_COMMITTED = frozenset({Begin, StreamCommit, CommitPrepared})
 
 
 class PluginRunner:
@@ -137,7 +139,7 @@ class PluginRunner:
             with client:
                 for frame, message in client:
                     if type(message) in _COMMITTED:  # (a prepared one is not visible yet)
-                        catalog.committed(cast(Begin | StreamCommit, message).xid)
+                        catalog.committed(cast(Begin | StreamCommit | CommitPrepared, message).xid)
                     end = assembler.feed(message, frame.data_start)
                     if end is not None and self.auto_confirm and end > client.acks.durable:
                         if self.on_durable is not None:

@@ -737,6 +737,8 @@ def test_values_read_per_key_are_each_types_output(
     values); the added columns' values in every other row are read from the source per key
     (the table was rewritten, no missing value) and must be each type's own output as the
     stream carries it (case 3: a cast to text trimmed char(n))."""
+    if pg.version not in (15, 18):  # (the suite's time: a minute per server)
+        pytest.skip("the types' output functions of every version; the oldest and the newest")
     wide = build_wide(pg)
     _publish_wide(pg)
     pg.execute("INSERT INTO wide SELECT * FROM wide_all")

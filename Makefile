@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+TEST_WORKERS ?= 2
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml src/pgcdc/*/_*.c | cksum | cut -d" " -f1)
 
 .PHONY: demo test lint bench clean
@@ -22,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

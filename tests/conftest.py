@@ -165,10 +165,19 @@ def spark() -> Iterator[Any]:
     started["session"].stop()
 
 
+#: Session fixtures of servers one worker starts for all the tests that use them (a Spark
+#: cluster, a Connect server, the object-store emulators): `make test` runs the tests in two
+#: processes (pytest-xdist, ``--dist loadgroup``), and these tests share one.
+CLUSTER_FIXTURES = {"standalone_cluster", "connect_server", "moto_s3", "azurite"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SERVER_FIXTURES & fixtures:
             item.add_marker(pytest.mark.server)
+        if CLUSTER_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

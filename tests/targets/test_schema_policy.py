@@ -13,7 +13,7 @@ from pgcdc.errors import SchemaChangeError, TargetError
 from pgcdc.targets._typing import BatchTyping
 from pgcdc.targets.base import END_AT, SEQUENCE_TYPE, START_AT
 from pgcdc.targets.fold import Change
-from pgcdc.targets.schema import Evolution, plan_evolution
+from pgcdc.targets.schema import Evolution, plan_evolution, plan_reconcile
 from pgcdc.types.mapping import DEFAULT_OPTIONS
 from pgcdc.types.registry import DEFAULT_REGISTRY
 
@@ -170,3 +170,45 @@ def test_each_run_of_a_shape_counts() -> None:
     evolution = plan(BASE_SCHEMA, BASE, to_text, BASE)
     assert set(evolution.retyped) == {"a"}
     assert evolution.retyped["a"].shape == BASE  # its last type change: back to int
+
+
+def test_a_reconcile_takes_the_copys_types_and_keeps_what_is_wider() -> None:
+    """`plan_reconcile`: the target's columns in its order, each in the copy's type where the
+    source changed it (widened, a composite reshaped, retyped), a column the target holds
+    wider left as it is, a column the copy no longer has kept, the copy's new ones after."""
+    pair = pa.struct([("k", pa.string()), ("v", pa.string())])
+    current = pa.schema(
+        [
+            ("id", pa.int32()),
+            ("n", pa.int32()),
+            ("t", pa.int32()),
+            ("p", pair),
+            ("wide", pa.int64()),
+            ("gone", pa.string()),
+        ]
+    )
+    reshaped = pa.struct([("k", pa.string()), ("v", pa.string()), ("x", pa.int32())])
+    copied = pa.schema(
+        [
+            ("id", pa.int32()),
+            ("n", pa.int64()),
+            ("t", pa.string()),
+            ("p", reshaped),
+            ("wide", pa.int32()),
+            ("new", pa.bool_()),
+        ]
+    )
+    schema, changed = plan_reconcile(current, copied)
+    assert schema == pa.schema(
+        [
+            ("id", pa.int32()),
+            ("n", pa.int64()),
+            ("t", pa.string()),
+            ("p", reshaped),
+            ("wide", pa.int64()),
+            ("gone", pa.string()),
+            ("new", pa.bool_()),
+        ]
+    )
+    assert changed == {"n", "t", "p"}
+    assert plan_reconcile(current, current) == (current, set())

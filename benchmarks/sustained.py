@@ -54,9 +54,11 @@ CPU per change
 
 The lake
     After each step: the bytes on disk of the mirrors (and histories), against the source
-    tables' ``pg_total_relation_size``; the bytes the step's Delta commits added (``add``
-    actions in ``_delta_log``) per byte of change (the batch log's ``bytes``: pgoutput's
-    message bytes of the changes) and per byte of WAL written; growth per hour of load.
+    tables' ``pg_total_relation_size``; the bytes the step's Delta commits wrote (the files
+    of their ``add`` actions in ``_delta_log``, but for a file added again with a new
+    deletion vector only that vector) per byte of change (the batch log's ``bytes``:
+    pgoutput's message bytes of the changes) and per byte of WAL written; growth per hour of
+    load.
 
 The pipeline's breakdown
     Its ``BatchReport.phases`` summed per step (whatever phases the pipeline reports: today
@@ -539,12 +541,28 @@ class Lake:
                 log_bytes += entry.stat().st_size
                 if entry.name.endswith(".json"):
                     commits += 1
-                    for line in entry.read_text().splitlines():
-                        action = json.loads(line)
-                        if "add" in action:
-                            added += int(action["add"].get("size", 0))
+                    added += _commit_written(entry)
                     self.read_up_to[path] = max(self.read_up_to[path], int(version))
         return added, log_bytes, commits
+
+
+def _commit_written(entry: Path) -> int:
+    """Bytes of data one commit wrote: the files it added, and its deletion vectors' files.
+    A file removed and added again in the same commit only got a new deletion vector (its
+    data was not written again)."""
+    actions = [json.loads(line) for line in entry.read_text().splitlines() if line.strip()]
+    removed = {a["remove"]["path"] for a in actions if "remove" in a}
+    written = 0
+    for action in actions:
+        add = action.get("add")
+        if add is None:
+            continue
+        if add["path"] not in removed:
+            written += int(add.get("size", 0))
+        dv = add.get("deletionVector")
+        if dv and dv.get("storageType") != "i":
+            written += int(dv.get("sizeInBytes", 0))
+    return written
 
 
 # --------------------------------------------------------------------------- checking

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.protocol import Lsn
-from pgcdc.replication import ReplicationConnection
+from pgcdc.protocol import Commit, Insert, Lsn
+from pgcdc.replication import LogicalStream, ReplicationConnection, StreamOptions
 
 from .helpers import (
     PGCDC,
@@ -153,3 +153,40 @@ def test_stop_ends_an_idle_client(pg: Database) -> None:
         assert not tail.is_alive(), "stop() did not end an idle client within 5 s"
     finally:
         tail.finish(lambda: pg.execute("INSERT INTO a VALUES (%s)", (SENTINEL,)))
+
+
+def test_a_stream_calls_on_wait_before_each_wait(pg_one: Database) -> None:
+    """`LogicalStream.on_wait` runs whenever nothing is buffered and the socket must be
+    waited for, again within the seconds it returns, without ending a read before its
+    timeout; what arrives meanwhile comes through whole."""
+    slot = setup_db(pg_one)
+    calls: list[float] = []
+
+    def on_wait() -> float:
+        calls.append(time.monotonic())
+        return 0.01
+
+    with ReplicationConnection.connect(pg_one.dsn) as conn:
+        conn.start_replication(
+            slot, Lsn(0), StreamOptions(("pub_a",)).negotiate(conn.server_version)
+        )
+        started = time.monotonic()
+        while conn.read_copy_data(0.3, on_wait) is not None:  # keepalives, if any
+            started = time.monotonic()
+        assert time.monotonic() - started >= 0.3  # the read's own timeout, not on_wait's
+        assert len(calls) >= 10
+    calls.clear()
+    with ReplicationConnection.connect(pg_one.dsn) as conn:
+        stream = LogicalStream(conn, slot, StreamOptions(("pub_a",)), status_interval=0.5)
+        stream.on_wait = on_wait
+        stream.start()
+        pg_one.execute("INSERT INTO a SELECT generate_series(1, 3)")
+        inserted = []
+        for _, message in stream:
+            if isinstance(message, Insert):
+                inserted.append(message.new.values[0])
+            elif isinstance(message, Commit):
+                break
+        stream.stop()
+    assert inserted == [b"1", b"2", b"3"]
+    assert calls  # it waited for the insert's transaction

@@ -3,6 +3,7 @@ envelope, an interrupted transaction cut off, release, damage."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -117,6 +118,36 @@ def test_release_deletes_finished_segments(tmp_path: Path) -> None:
     assert spool.bytes_held == spool.batch(Lsn(0), Lsn(6000)).bytes
     spool.close()
     assert not (tmp_path / "spool").exists()
+
+
+def test_held_commits_are_published_together(tmp_path: Path) -> None:
+    """While commits are held, a committed transaction is neither planned nor on disk until
+    it is published: when the oldest was held long enough, at the next commit or wait."""
+    spool = Spool(tmp_path / "spool", segment_bytes=600)
+    spool.hold_seconds = 3600.0
+    assert spool.publish_due() is None  # nothing held
+    for i in range(1, 5):
+        commit(spool, 1000 * i, 2)
+    assert spool.holding and spool.last_lsn is None
+    assert spool.plan(Lsn(0)) == (Lsn(0), 0)
+    assert all(f.stat().st_size == 0 for f in (tmp_path / "spool").iterdir())
+    due = spool.publish_due()
+    assert due is not None and 3590 < due <= 3600
+    with pytest.raises(SpoolError, match="ending at 0/BB8 arrived after one ending at 0/FA0"):
+        commit(spool, 3000, 1)  # checked against the held ones too
+    spool.hold_seconds = 0.001
+    time.sleep(0.002)
+    assert spool.publish_due() is None
+    assert not spool.holding and spool.last_lsn == Lsn(4000)
+    assert spool.plan(Lsn(0)) == (Lsn(4000), 8)
+    assert len(list((tmp_path / "spool").iterdir())) >= 2  # rolled when published
+    rows = envelope(spool.ranges(Lsn(0), Lsn(4000))[REL.relid]).to_pylist()
+    assert [r["commit_lsn"] for r in rows] == [995] * 2 + [1995] * 2 + [2995] * 2 + [3995] * 2
+    commit(spool, 5000, 1)
+    assert spool.holding
+    time.sleep(0.002)
+    commit(spool, 6000, 1)  # the oldest held long enough: both published now
+    assert not spool.holding and spool.last_lsn == Lsn(6000)
 
 
 def test_positions_must_increase(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 from pgcdc.errors import TargetError, ValueOutOfRange
 from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget, _table
 from pgcdc.targets._merge import Writer
+from pgcdc.targets._meta import COLUMNS, PARTIAL, last_commit
 
 from .envelopes import (
     INT4,
@@ -340,6 +341,7 @@ def test_a_crash_between_the_commits_of_a_batch_is_replayed_exactly(
     with pytest.raises(RuntimeError):
         crashed.apply(batch)
     assert crashed.watermark == 0x100
+    assert PARTIAL in last_commit_agreed(crashed)
     monkeypatch.undo()
     result = crashed.apply(batch)
     assert (result.applied, result.skipped, result.watermark) == (1, 2, 0x300)
@@ -419,6 +421,7 @@ def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     for batch in batches:
         t.apply(batch)
         t.maintain()
+        assert COLUMNS in last_commit_agreed(t)  # past maintenance commits
     table = DeltaTable(t.path)
     assert len(table.file_uris()) < 5  # twelve appends' files, compacted
     configuration = table.metadata().configuration
@@ -432,6 +435,15 @@ def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     assert state.rows == 12 and state.watermark == 0x100 * 12
     assert t.apply(batches[3]).applied == 0  # replays still skip
     assert sorted(v[0] for v in versions(t)) == list(range(12))
+
+
+def last_commit_agreed(t: DeltaTarget) -> dict[str, Any]:
+    """The latest commit that applied changes, read from its file: the same as the history
+    says."""
+    table = DeltaTable(t.path)
+    found = last_commit(table, t.path)
+    assert found == last_commit(table)
+    return found
 
 
 def _operations(t: DeltaTarget) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,19 +360,19 @@ class ReplicationConnection:
             f"START_REPLICATION: unexpected result status {_E(result.status).name}"
         )
 
-    def read_copy_data(self, timeout: float) -> bytes | None:
+    def read_copy_data(
+        self, timeout: float, on_wait: Callable[[], float | None] | None = None
+    ) -> bytes | None:
         """The next CopyData payload, or None when `timeout` seconds passed without one.
+        `on_wait` is called whenever nothing is buffered and the socket must be waited for;
+        it may ask to be called again within the seconds it returns.
 
         Raises StreamEnded (the server ended the stream with an error), ConnectionLost.
         """
         pgconn = self.pgconn
         nbytes, data = pgconn.get_copy_data(1)
         if nbytes == 0:
-            try:
-                ready, _, _ = select.select([pgconn.socket], [], [], timeout)
-            except (OSError, ValueError) as exc:
-                raise ConnectionLost(f"replication connection lost: {exc}") from None
-            if not ready:
+            if not self._wait_readable(timeout, on_wait):
                 return None
             try:
                 pgconn.consume_input()
@@ -384,6 +385,26 @@ class ReplicationConnection:
             return bytes(data)
         self._in_copy = False
         raise self._stream_end_error()
+
+    def _wait_readable(self, timeout: float, on_wait: Callable[[], float | None] | None) -> bool:
+        """Wait until the socket is readable (True) or `timeout` passed (False)."""
+        socket = self.pgconn.socket
+        deadline = time.monotonic() + timeout if on_wait is not None else 0.0
+        while True:
+            limit = timeout
+            if on_wait is not None:
+                due = on_wait()
+                limit = max(0.0, deadline - time.monotonic())
+                if due is not None:
+                    limit = min(limit, due)
+            try:
+                ready, _, _ = select.select([socket], [], [], limit)
+            except (OSError, ValueError) as exc:
+                raise ConnectionLost(f"replication connection lost: {exc}") from None
+            if ready:
+                return True
+            if on_wait is None or time.monotonic() >= deadline:
+                return False
 
     def _stream_end_error(self) -> ReplicationError:
         """The reason the server ended CopyBoth (CopyDone, ErrorResponse, or EOF).

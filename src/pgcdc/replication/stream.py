@@ -108,6 +108,10 @@ class LogicalStream:
         #: Set (from any thread) to send a status update at the next wake-up: a consumer that
         #: confirms from another thread wants the slot to move now, not at the next interval.
         self.status_due = False
+        #: Called (on the stream's thread) whenever it is about to wait for the server; it
+        #: may ask to be called again within the seconds it returns
+        #: (`ReplicationConnection.read_copy_data`).
+        self.on_wait: Callable[[], float | None] | None = None
 
     def start(self) -> None:
         self.identity = self.conn.identify_system()
@@ -230,7 +234,7 @@ class LogicalStream:
                 self.send_status()
                 wait = self.status_interval
             # Wake often enough to see endpos, stop requests, due updates and the timer.
-            data = read(min(wait, 0.2))
+            data = read(min(wait, 0.2), self.on_wait)
             if data is None:
                 if (endpos is not None or self.ping_when_idle) and not pinged:
                     # Ask for a keepalive: it tells where the walsender is once it is idle.

@@ -23,7 +23,12 @@ from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
 from pgcdc.spool._spool import Spool
 
-__all__ = ["SpoolWriter", "Spooler"]
+__all__ = ["HOLD_COMMITS_SECONDS", "SpoolWriter", "Spooler"]
+
+#: How long a committed transaction may wait in the spool before planning sees it: under a
+#: steady load of small transactions, one flush and one wake-up per group of them instead
+#: of per transaction, for at most this much freshness.
+HOLD_COMMITS_SECONDS = 0.02
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +98,10 @@ class Spooler:
         streaming: StreamingMode | None = None,
         status_interval: float = 10.0,
         on_session: Callable[[LogicalStream], None] | None = None,
+        hold_commits: float = HOLD_COMMITS_SECONDS,
     ) -> None:
         self.spool = spool
+        spool.hold_seconds = hold_commits  # published by each session's `on_wait`
         #: Called with each new session once it streams (after a reconnect too).
         self.on_session = on_session
         self.runner = PluginRunner(
@@ -117,6 +124,7 @@ class Spooler:
 
     def _on_session(self, stream: LogicalStream) -> None:
         stream.ping_when_idle = True
+        stream.on_wait = self.spool.publish_due
         if self.on_session is not None:
             self.on_session(stream)
 
@@ -147,11 +155,15 @@ class Spooler:
     @property
     def server_position(self) -> Lsn:
         """How far the server has sent (a keepalive's walEnd when idle): every transaction
-        that committed before it and is published is in the spool."""
+        that committed before it is in the spool, published (0 when that cannot be said: in
+        the middle of a transaction, or while commits wait to be published)."""
         client = self.runner.client
-        if client is None or client.stream is None or not client.acks.at_boundary:
+        if client is None or client.stream is None:
             return Lsn(0)
-        return max(client.acks.keepalive_wal_end, self.spool.last_lsn or Lsn(0))
+        wal_end = client.acks.keepalive_wal_end  # read first: what came before it is spooled
+        if not client.acks.at_boundary or self.spool.holding:
+            return Lsn(0)
+        return max(wal_end, self.spool.last_lsn or Lsn(0))
 
     def wait_for(self, lsn: Lsn, timeout: float, *, after: Lsn | None = None) -> bool:
         """Wait until the spool holds everything up to `lsn` (or, given `after`, anything

@@ -32,6 +32,7 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -189,6 +190,16 @@ class Spool:
         self._version_of: dict[int, tuple[Relation, int]] = {}
         self._open: dict[int, _Open] = {}
         self._ordinal = 0
+        #: Seconds a committed transaction may wait before it is published (0: at once).
+        #: Under a steady load, publishing a group of them at a time saves a flush of each
+        #: file and a wake-up of the planner per transaction; whoever holds commits must call
+        #: `publish_due` whenever it waits (the `Spooler` does, before each wait for the
+        #: server).
+        self.hold_seconds = 0.0
+        self._staged: list[_Txn] = []
+        self._staged_at = 0.0
+        self._dirty: set[int] = set()
+        self._last_end: Lsn | None = None
 
     # -- files ---------------------------------------------------------------------------
 
@@ -312,43 +323,78 @@ class Spool:
         commit_ts: int | None,
         origin: str | None,
     ) -> None:
-        """The transaction committed: its units close and become visible to planning."""
+        """The transaction committed: its units close. They become visible to planning
+        now, or, while commits are held (`hold_seconds`), at the next `publish`."""
         flags = (_HAS_XID if xid is not None else 0) | (_HAS_TS if commit_ts is not None else 0)
         origin_bytes = (origin or "").encode()
         trailer = b"C" + _COMMIT.pack(
             flags, commit_lsn, end_lsn, xid or 0, commit_ts or 0, len(origin_bytes)
         )
+        if self._last_end is not None and end_lsn <= self._last_end:
+            raise SpoolError(
+                f"transaction ending at {end_lsn} arrived after one ending at "
+                f"{self._last_end}: positions must increase"
+            )
+        self._last_end = Lsn(end_lsn)
         units = []
         for relid, unit in self._open.items():
             self._flush(relid, unit)
             self._write(relid, trailer + origin_bytes)
             file = self._files[relid]
-            file.handle.flush()  # executors read the file through the OS
             units.append(
                 _Unit(relid, file.segment, unit.start, file.size - unit.start, unit.changes)
             )
+            self._dirty.add(relid)
         self._open.clear()
         size = sum(u.length for u in units)
+        changes = sum(u.changes for u in units)
+        if not self._staged:
+            self._staged_at = time.monotonic()
+        self._staged.append(_Txn(Lsn(end_lsn), Lsn(commit_lsn), commit_ts, changes, size, units))
+        if not self.hold_seconds or time.monotonic() - self._staged_at >= self.hold_seconds:
+            self.publish()
+
+    def publish(self) -> None:
+        """The committed transactions held so far become visible to planning (their bytes
+        reach the OS first: tasks read the files)."""
+        if not self._staged:
+            return
+        for relid in self._dirty:
+            self._files[relid].handle.flush()
+        staged, self._staged = self._staged, []
         with self.changed:
             while self._bytes_held > self.max_bytes and not self.closed:
                 self.changed.wait(1.0)
             if self.closed:
                 raise SpoolError("the spool was closed")
-            if self._txns and end_lsn <= self._txns[-1].end_lsn:
-                raise SpoolError(
-                    f"transaction ending at {end_lsn} arrived after one ending at "
-                    f"{self._txns[-1].end_lsn}: positions must increase"
-                )
-            changes = sum(u.changes for u in units)
-            self._txns.append(_Txn(Lsn(end_lsn), Lsn(commit_lsn), commit_ts, changes, size, units))
-            for u in units:
-                key = (u.relid, u.segment)
-                self._segments[key] = self._segments.get(key, 0) + 1
-            self._bytes_held += size
+            for txn in staged:
+                self._txns.append(txn)
+                self._bytes_held += txn.size
+                for u in txn.units:
+                    key = (u.relid, u.segment)
+                    self._segments[key] = self._segments.get(key, 0) + 1
             self.changed.notify_all()
-        for u in units:
-            if self._files[u.relid].size >= self.segment_bytes:
-                self._roll(u.relid)
+        dirty, self._dirty = self._dirty, set()
+        for relid in dirty:
+            if self._files[relid].size >= self.segment_bytes:
+                self._roll(relid)
+
+    @property
+    def holding(self) -> bool:
+        """Whether committed transactions wait to be published."""
+        return bool(self._staged)
+
+    def publish_due(self) -> float | None:
+        """Called when the replication session is about to wait for the server: publishes
+        the held commits once the oldest was held `hold_seconds`; else the seconds until
+        then (None: nothing held)."""
+        if not self._staged:
+            return None
+        due = self._staged_at + self.hold_seconds - time.monotonic()
+        if due <= 0:
+            self.publish()
+            return None
+        return due
 
     # -- planning (the pipeline's thread) ----------------------------------------------------
 

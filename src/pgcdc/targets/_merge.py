@@ -15,9 +15,10 @@ overwrite), and the rewrites a schema change needs. No CDC semantics here: the p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -561,6 +562,47 @@ class Writer:
             n = data.num_rows
             chosen = [i if p is None else n + i for i, p in enumerate(positions)]
             data = data.set_column(at, column, merged.take(pa.array(chosen, pa.int64())))
+        return data
+
+    def fill_missing(
+        self,
+        table: DeltaTable,
+        key_names: tuple[str, ...],
+        data: pa.Table,
+        missing: Mapping[str, np.ndarray],
+        schema: pa.Schema,
+    ) -> pa.Table:
+        """`data` (upserts first, then deletes) with the upserts' `missing` values (per
+        column, a mask over the upserts) taken from the target's current row of their key;
+        a key the target lacks keeps null (`BulkMirror.missing`)."""
+        present = set(self.io.schema(table).names)  # a column added by this batch has none
+        columns = [c for c in missing if c in present]
+        if not columns or not present.issuperset(key_names):
+            return data
+        upserts = len(next(iter(missing.values())))
+        asked = np.flatnonzero(np.logical_or.reduce([missing[c] for c in columns]))
+        keys = data.select(list(key_names)).take(pa.array(asked))
+        current = self.current(table, list(key_names), columns, keys, schema)
+        index = {
+            hashable(tuple(row.values())): i
+            for i, row in enumerate(current.select(list(key_names)).to_pylist())
+        }
+        found = np.full(data.num_rows, -1, dtype=np.int64)
+        for at, row in zip(asked, keys.to_pylist(), strict=True):
+            found[at] = index.get(hashable(tuple(row.values())), -1)
+        for column in columns:
+            take = np.zeros(data.num_rows, dtype=bool)
+            take[:upserts] = missing[column]
+            take &= found >= 0
+            if not take.any():
+                continue
+            at = data.schema.get_field_index(column)
+            values = data.column(at).combine_chunks()
+            chosen = np.where(take, data.num_rows + found, np.arange(data.num_rows))
+            pool = pa.concat_arrays(
+                [values, current.column(column).combine_chunks().cast(values.type)]
+            )
+            data = data.set_column(at, column, pool.take(pa.array(chosen)))
         return data
 
     def current(

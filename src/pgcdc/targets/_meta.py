@@ -1,5 +1,5 @@
 """What a Delta target records in its commits' metadata, beside its data (no I/O but reading a
-table's history).
+table's latest commits).
 
 * a batch's last commit: the watermark (the application transaction of the writer's app id)
   and the relation's columns as of the batch's last change (`COLUMNS`: name, type OID, type
@@ -13,12 +13,14 @@ table's history).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from deltalake import CommitProperties, DeltaTable, Transaction
 
 from pgcdc.envelope import ColumnInfo, Shape
+from pgcdc.storage import is_object_store
 from pgcdc.targets.fold import Seq
 
 __all__ = [
@@ -90,13 +92,34 @@ def partial_commit(app_id: str, seq: Seq) -> CommitProperties:
     return CommitProperties(custom_metadata={PARTIAL: marker})
 
 
-def last_commit(table: DeltaTable | None) -> dict[str, Any]:
+def last_commit(table: DeltaTable | None, location: str | None = None) -> dict[str, Any]:
     """The information (custom metadata included) of the latest commit that applied changes:
-    maintenance commits in between are passed over."""
-    for commit in [] if table is None else table.history(MAINTENANCE_COMMITS + 1):
+    maintenance commits in between are passed over. Given the table's `location` on a local
+    filesystem, the latest commit's file is read first (the usual case: it is the one; the
+    history lists the whole log)."""
+    if table is None:
+        return {}
+    if location is not None and not is_object_store(location):
+        info = _commit_info(location, table.version())
+        if info is not None and (PARTIAL in info or COLUMNS in info):
+            return info
+    for commit in table.history(MAINTENANCE_COMMITS + 1):
         if PARTIAL in commit or COLUMNS in commit:
             return commit
     return {}
+
+
+def _commit_info(location: str, version: int) -> dict[str, Any] | None:
+    path = os.path.join(location.removeprefix("file://"), "_delta_log", f"{version:020d}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                action = json.loads(line) if line.strip() else {}
+                if "commitInfo" in action:
+                    return {**action["commitInfo"], "version": version}
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def partial_seq(last: dict[str, Any], app_id: str, watermark: int | None) -> Seq | None:

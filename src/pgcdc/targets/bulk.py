@@ -1,17 +1,19 @@
 """The folds in Arrow, for the batches that need nothing else.
 
 Most batches of a busy table are plain inserts, updates and deletes of one relation shape,
-with no key change, no unchanged TOAST value and no truncation. For those a mirror's fold is
-"the last change per key wins" (`bulk_mirror`), and a history's "each insert or update opens a
-version that ends at the key's next change" (`bulk_history`): done here with Arrow's and
-numpy's sorts and group-bys, without a Python object per row; the rows' text columns are then
-typed column by column. Any other batch returns None and takes the general fold
-(`pgcdc.targets.fold`), which is the reference for what a batch means (the tests compare both).
+with no key change and no truncation. For those a mirror's fold is "the last change per key
+wins" (`bulk_mirror`; an unchanged TOAST value is the key's latest in the batch, or, when the
+batch has none, the target's: `BulkMirror.missing`), and a history's "each insert or update
+opens a version that ends at the key's next change" (`bulk_history`, without unchanged TOAST
+values): done here with Arrow's and numpy's sorts and group-bys, without a Python object per
+row; the rows' text columns are then typed column by column. Any other batch returns None
+and takes the general fold (`pgcdc.targets.fold`), which is the reference for what a batch
+means (the tests compare both).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,7 @@ __all__ = ["BulkHistory", "BulkMirror", "bulk_history", "bulk_mirror"]
 
 _ROW_OPS = pa.array(["insert", "update", "delete"])
 _INDEX = "__pgcdc_index"
+_AT = "__pgcdc_at"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,9 @@ class BulkMirror:
     upsert_lsns: pa.Array | None = None
     #: Whether every key's first change in the batch inserted it (`MirrorPlan.inserts_only`).
     inserts_only: bool = False
+    #: Per column: the upserts whose value is an unchanged TOAST value the batch does not
+    #: hold (the target's current row of the key has it), as a mask over the upserts.
+    missing: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Array] | None:
@@ -65,6 +71,34 @@ def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Arra
     return out
 
 
+def _sparse_columns(
+    maps: pa.ChunkedArray | pa.Array, names: tuple[str, ...]
+) -> tuple[dict[str, pa.Array], dict[str, np.ndarray]]:
+    """Each named column's values by name, for maps that may lack some (an update's unchanged
+    TOAST values; a null map lacks all): null where absent, and per name some map lacks,
+    where (a mask over the maps)."""
+    combined = maps.combine_chunks() if isinstance(maps, pa.ChunkedArray) else maps
+    count = len(combined)
+    offsets = combined.offsets.to_numpy()
+    first, end = int(offsets[0]), int(offsets[-1])
+    parents = np.repeat(np.arange(count), np.diff(offsets))
+    valid = combined.is_valid().to_numpy(zero_copy_only=False)
+    keys = combined.keys.slice(first, end - first)
+    items = combined.items.slice(first, end - first)
+    values: dict[str, pa.Array] = {}
+    absent: dict[str, np.ndarray] = {}
+    for name in names:
+        chosen = pc.equal(keys, name).fill_null(False).to_numpy(zero_copy_only=False)
+        chosen &= valid[parents]
+        at = np.full(count, -1, dtype=np.int64)
+        at[parents[chosen]] = np.arange(int(chosen.sum()))
+        lacking = at < 0
+        values[name] = items.filter(pa.array(chosen)).take(pa.array(at, mask=lacking))
+        if lacking.any():
+            absent[name] = lacking
+    return values, absent
+
+
 @dataclass(frozen=True, slots=True)
 class _Plain:
     """A batch of one relation shape, with keys, no key change, no unchanged TOAST value,
@@ -76,16 +110,21 @@ class _Plain:
     #: Row numbers in sequence order, and each row's place in it.
     order: pa.Array
     ranks: pa.Array
+    #: Whether some update leaves TOAST values unchanged (never a key column's).
+    unchanged: bool = False
 
 
-def _plain(rows: pa.Table) -> _Plain | None:
+def _plain(rows: pa.Table, *, unchanged: bool = False) -> _Plain | None:
+    """The batch's keys and order, when it is plain (`unchanged`: updates may leave
+    non-key TOAST values unchanged)."""
     if rows.num_rows == 0:
         return None
     ops = rows.column("op")
     if not pc.all(pc.is_in(ops, value_set=_ROW_OPS)).as_py():
         return None
-    toast = pc.list_value_length(rows.column("unchanged_toast"))
-    if pc.max(pc.fill_null(toast, 0)).as_py():
+    toast = rows.column("unchanged_toast")
+    has_toast = bool(pc.max(pc.fill_null(pc.list_value_length(toast), 0)).as_py())
+    if has_toast and not unchanged:
         return None
     if not single_shape(rows):
         return None
@@ -93,10 +132,13 @@ def _plain(rows: pa.Table) -> _Plain | None:
     keys = shape.key_names
     if not keys or shape.full_identity:
         return None
+    if has_toast and pc.any(pc.is_in(pc.list_flatten(toast), pa.array(keys))).as_py():
+        return None  # a key column's value unchanged: the general fold says what that means
     before = _columns(rows.column("key"), keys)
     updated = pc.equal(ops, "update").combine_chunks()
     names = tuple(c.name for c in shape.columns)
-    after_keys = _columns(rows.column("after").filter(updated), names)
+    after = rows.column("after").filter(updated)
+    after_keys = _sparse_columns(after, keys)[0] if has_toast else _columns(after, names)
     if before is None or after_keys is None:
         return None
     for name in keys:  # a key change needs the general fold
@@ -104,12 +146,12 @@ def _plain(rows: pa.Table) -> _Plain | None:
             return None
     order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
     ranks = pc.sort_indices(order)  # each row's position in sequence order
-    return _Plain(shape, names, before, order, ranks)
+    return _Plain(shape, names, before, order, ranks, has_toast)
 
 
 def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     """The batch folded in Arrow, or None when it needs the general fold."""
-    plain = _plain(rows)
+    plain = _plain(rows, unchanged=True)
     if plain is None:
         return None
     keys, names = plain.shape.key_names, plain.names
@@ -125,14 +167,69 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     deleted = pc.equal(last.column("op"), "delete")
     kept = last.filter(pc.invert(deleted))
     gone = last.filter(deleted)
-    upserts = _columns(kept.column("after"), names)
     deletes = _columns(gone.column("key"), keys)
+    missing: dict[str, np.ndarray] = {}
+    upserts: dict[str, pa.Array] | None
+    if plain.unchanged:
+        upserts, absent = _sparse_columns(kept.column("after"), names)
+        for name, lacking in absent.items():
+            upserts[name], missing_here = _latest_known(
+                rows, plain, kept, upserts[name], lacking, name
+            )
+            if missing_here.any():
+                missing[name] = missing_here
+    else:
+        upserts = _columns(kept.column("after"), names)
     if upserts is None or deletes is None:
         return None
     lsns = kept.column("lsn").combine_chunks()
     return BulkMirror(
-        plain.shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only
+        plain.shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only, missing
     )
+
+
+def _latest_known(
+    rows: pa.Table, plain: _Plain, kept: pa.Table, current: pa.Array, lacking: np.ndarray, name: str
+) -> tuple[pa.Array, np.ndarray]:
+    """Column `name` of the upserts (`kept`: each its key's last change; `current`: their
+    values) where the `lacking` ones (an unchanged TOAST value) take the key's latest value
+    in the batch: that of its last earlier insert or update that carried one, unless a delete
+    came after it (null then, as the general fold has it; from the server, an insert comes
+    in between, which carries every value). And which upserts the batch holds no value for,
+    nor deleted: the target's current row has it."""
+    keys = plain.shape.key_names
+    names = [f"k{i}" for i in range(len(keys))]
+    values, absent = _sparse_columns(rows.column("after"), (name,))
+    deletes = pc.equal(rows.column("op"), "delete").to_numpy(zero_copy_only=False)
+    known = ~absent.get(name, np.zeros(rows.num_rows, dtype=bool))
+    carried = pa.array(np.flatnonzero(known | deletes))  # a delete: none known after it
+    carriers = pa.table(
+        {
+            **{n: plain.keys[k].take(carried) for n, k in zip(names, keys, strict=True)},
+            _INDEX: plain.ranks.take(carried),
+        }
+    )
+    latest = carriers.group_by(names, use_threads=False).aggregate([(_INDEX, "max")])
+    wanted = np.flatnonzero(lacking)
+    kept_keys = _columns(kept.column("key"), keys)
+    assert kept_keys is not None  # `_plain` read every row's key so
+    asked = pa.table(
+        {
+            **{n: kept_keys[k].take(pa.array(wanted)) for n, k in zip(names, keys, strict=True)},
+            _AT: pa.array(np.arange(len(wanted))),
+        }
+    )
+    found = asked.join(latest, names, join_type="left outer", use_threads=False).sort_by(_AT)
+    latest_row = pc.take(plain.order, found.column(f"{_INDEX}_max"))
+    none = latest_row.is_null().to_numpy(zero_copy_only=False)  # the target's value
+    rows_at = latest_row.fill_null(0).to_numpy(zero_copy_only=False)
+    filled = values[name].take(pa.array(rows_at, mask=none | deletes[rows_at]))
+    chosen = np.arange(len(current))
+    chosen[wanted] = len(current) + np.arange(len(wanted))
+    column = pa.concat_arrays([current, filled]).take(pa.array(chosen))
+    missing = np.zeros(len(current), dtype=bool)
+    missing[wanted] = none
+    return column, missing
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,7 +206,7 @@ class DeltaTarget(Target):
         skipped = total - rows.num_rows
         if rows.num_rows == 0:
             return ApplyResult(0, skipped, 0, 0, watermark, None)
-        last = last_commit(table)
+        last = last_commit(table, self.path)
         if (partial := partial_seq(last, self.app_id, watermark)) is not None:
             lsn, ordinal = partial  # a crash came between the commits of a batch
             lsns, ordinals = rows.column("commit_lsn"), rows.column("ordinal")
@@ -361,6 +361,8 @@ class DeltaTarget(Target):
         elif evolution.widened or before:
             self.writer.rewrite(table, schema, before, typing)
         writer = self.writer
+        if isinstance(bulk, BulkMirror) and bulk.missing:
+            data = writer.fill_missing(table, shape.key_names, data, bulk.missing, schema)
         if isinstance(bulk, BulkHistory):
             written = writer.merge_history(
                 table, shape, data, schema, commit, inserts_only=bulk.inserts_only
@@ -497,7 +499,7 @@ class DeltaTarget(Target):
             return
         if columns:
             shape = Shape("", "", 0, "d", tuple(columns))
-            followed, _ = self.writer.follow_columns(table, last_commit(table), [shape])
+            followed, _ = self.writer.follow_columns(table, last_commit(table, self.path), [shape])
             assert followed is not None
             table = followed
         schema, changed = plan_reconcile(self.io.schema(table), rows.schema)
@@ -517,7 +519,7 @@ class DeltaTarget(Target):
 
     def recorded_columns(self) -> tuple[ColumnInfo, ...] | None:
         table = self.io.open()
-        return None if table is None else recorded(last_commit(table))
+        return None if table is None else recorded(last_commit(table, self.path))
 
     def state(self) -> TargetState:
         table = self.io.open()

@@ -249,7 +249,11 @@ class LogicalStream:
                 message = decoder.decode(frame.payload, frame.data_start)
                 if message is None:
                     continue
-                if frame.data_start and acks.may_stop(Lsn(frame.data_start - 1), endpos):
+                if (
+                    endpos is not None
+                    and frame.data_start
+                    and acks.may_stop(Lsn(frame.data_start - 1), endpos)
+                ):
                     # A message that starts past endpos: everything before it was sent.
                     self._stop()
                     return

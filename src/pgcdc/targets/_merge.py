@@ -571,16 +571,17 @@ class Writer:
         data: pa.Table,
         missing: Mapping[str, np.ndarray],
         schema: pa.Schema,
+        offset: int = 0,
     ) -> pa.Table:
-        """`data` (upserts first, then deletes) with the upserts' `missing` values (per
-        column, a mask over the upserts) taken from the target's current row of their key;
-        a key the target lacks keeps null (`BulkMirror.missing`)."""
+        """`data` with the `missing` values of its rows `offset`... (per column, a mask over
+        them: a mirror's upserts, a history's versions) taken from the target's current row
+        of their key; a key the target lacks keeps null (`BulkMirror.missing`)."""
         present = set(self.io.schema(table).names)  # a column added by this batch has none
         columns = [c for c in missing if c in present]
         if not columns or not present.issuperset(key_names):
             return data
-        upserts = len(next(iter(missing.values())))
-        asked = np.flatnonzero(np.logical_or.reduce([missing[c] for c in columns]))
+        size = len(next(iter(missing.values())))
+        asked = offset + np.flatnonzero(np.logical_or.reduce([missing[c] for c in columns]))
         keys = data.select(list(key_names)).take(pa.array(asked))
         current = self.current(table, list(key_names), columns, keys, schema)
         index = {
@@ -592,7 +593,7 @@ class Writer:
             found[at] = index.get(hashable(tuple(row.values())), -1)
         for column in columns:
             take = np.zeros(data.num_rows, dtype=bool)
-            take[:upserts] = missing[column]
+            take[offset : offset + size] = missing[column]
             take &= found >= 0
             if not take.any():
                 continue

@@ -2,13 +2,13 @@
 
 Most batches of a busy table are plain inserts, updates and deletes of one relation shape,
 with no key change and no truncation. For those a mirror's fold is "the last change per key
-wins" (`bulk_mirror`; an unchanged TOAST value is the key's latest in the batch, or, when the
-batch has none, the target's: `BulkMirror.missing`), and a history's "each insert or update
-opens a version that ends at the key's next change" (`bulk_history`, without unchanged TOAST
-values): done here with Arrow's and numpy's sorts and group-bys, without a Python object per
-row; the rows' text columns are then typed column by column. Any other batch returns None
-and takes the general fold (`pgcdc.targets.fold`), which is the reference for what a batch
-means (the tests compare both).
+wins" (`bulk_mirror`), and a history's "each insert or update opens a version that ends at
+the key's next change" (`bulk_history`); an unchanged TOAST value is the key's latest in the
+batch or, when the batch has none, the target's (`missing`). Done here with Arrow's and
+numpy's sorts and group-bys, without a Python object per row; the rows' text columns are then
+typed column by column. Any other batch returns None and takes the general fold
+(`pgcdc.targets.fold`), which is the reference for what a batch means (the tests compare
+both).
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ class _Plain:
     unchanged: bool = False
 
 
-def _plain(rows: pa.Table, *, unchanged: bool = False) -> _Plain | None:
-    """The batch's keys and order, when it is plain (`unchanged`: updates may leave
-    non-key TOAST values unchanged)."""
+def _plain(rows: pa.Table) -> _Plain | None:
+    """The batch's keys and order, when it is plain (updates may leave TOAST values of
+    columns other than the key's unchanged)."""
     if rows.num_rows == 0:
         return None
     ops = rows.column("op")
@@ -124,8 +124,6 @@ def _plain(rows: pa.Table, *, unchanged: bool = False) -> _Plain | None:
         return None
     toast = rows.column("unchanged_toast")
     has_toast = bool(pc.max(pc.fill_null(pc.list_value_length(toast), 0)).as_py())
-    if has_toast and not unchanged:
-        return None
     if not single_shape(rows):
         return None
     shape = _shape(rows, 0)
@@ -151,7 +149,7 @@ def _plain(rows: pa.Table, *, unchanged: bool = False) -> _Plain | None:
 
 def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     """The batch folded in Arrow, or None when it needs the general fold."""
-    plain = _plain(rows, unchanged=True)
+    plain = _plain(rows)
     if plain is None:
         return None
     keys, names = plain.shape.key_names, plain.names
@@ -249,6 +247,9 @@ class BulkHistory:
     inserts_only: bool
     #: The LSN of each version's change (for an error's message).
     version_lsns: pa.Array
+    #: Per column: the versions whose value is an unchanged TOAST value the batch does not
+    #: hold (the target's current version of the key has it), as a mask over the versions.
+    missing: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _sequences(lsns: np.ndarray, ordinals: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
@@ -295,8 +296,15 @@ def bulk_history(rows: pa.Table) -> BulkHistory | None:
     nxt = following[opens]
     has_end = nxt >= 0
     nxt = np.where(has_end, nxt, 0)
-    after = pc.take(rows.column("after"), pc.take(order, pa.array(opens)))
-    versions = _columns(after, names)
+    missing: dict[str, np.ndarray] = {}
+    versions: dict[str, pa.Array] | None
+    if plain.unchanged:
+        starts = np.concatenate([[True], ~same])
+        versions, missing = _versions_known(
+            pc.take(rows.column("after"), order), names, ops, at, starts, opens
+        )
+    else:
+        versions = _columns(pc.take(rows.column("after"), pc.take(order, pa.array(opens))), names)
     if versions is None:
         return None
     version_lsns = pc.take(rows.column("lsn"), pc.take(order, pa.array(opens))).combine_chunks()
@@ -312,4 +320,44 @@ def bulk_history(rows: pa.Table) -> BulkHistory | None:
         int((ops == "delete").sum()),
         bool((ops[first] == "insert").all()),
         version_lsns,
+        missing,
     )
+
+
+def _versions_known(
+    after: pa.ChunkedArray | pa.Array,
+    names: tuple[str, ...],
+    ops: np.ndarray,
+    by_key: np.ndarray,
+    starts: np.ndarray,
+    opens: np.ndarray,
+) -> tuple[dict[str, pa.Array], dict[str, np.ndarray]]:
+    """The versions' values (rows at `opens`; all in sequence order) where an unchanged
+    TOAST value is the key's latest earlier one in the batch (null after a delete, as the
+    general fold has it), and per column the versions the batch holds no value for (the
+    target's current version has it). `by_key`: the rows by key, then sequence; `starts`:
+    where each key's rows start in it."""
+    count = len(ops)
+    values, absent = _sparse_columns(after, names)
+    deletes = ops == "delete"
+    positions = np.arange(count)
+    group_start = np.maximum.accumulate(np.where(starts, positions, 0))
+    chosen = pa.array(opens)
+    versions: dict[str, pa.Array] = {}
+    missing: dict[str, np.ndarray] = {}
+    for name in names:
+        lacking = absent.get(name)
+        if lacking is None or not lacking[opens].any():
+            versions[name] = values[name].take(chosen)
+            continue
+        carries = (~lacking | deletes)[by_key]
+        latest = np.maximum.accumulate(np.where(carries, positions, -1))  # at or before
+        source = np.full(count, -1)
+        source[by_key] = np.where(latest >= group_start, by_key[np.maximum(latest, 0)], -1)
+        take = np.where(lacking, source, positions)[opens]
+        none = take < 0
+        null = none | deletes[np.maximum(take, 0)]
+        versions[name] = values[name].take(pa.array(np.maximum(take, 0), mask=null))
+        if none.any():
+            missing[name] = none
+    return versions, missing

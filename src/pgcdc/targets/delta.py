@@ -361,8 +361,9 @@ class DeltaTarget(Target):
         elif evolution.widened or before:
             self.writer.rewrite(table, schema, before, typing)
         writer = self.writer
-        if isinstance(bulk, BulkMirror) and bulk.missing:
-            data = writer.fill_missing(table, shape.key_names, data, bulk.missing, schema)
+        if bulk.missing:  # a history's rows: the versions come after the closes
+            offset = len(bulk.close_ends) if isinstance(bulk, BulkHistory) else 0
+            data = writer.fill_missing(table, shape.key_names, data, bulk.missing, schema, offset)
         if isinstance(bulk, BulkHistory):
             written = writer.merge_history(
                 table, shape, data, schema, commit, inserts_only=bulk.inserts_only

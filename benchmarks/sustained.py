@@ -12,9 +12,9 @@ What is measured
     pipeline        ``benchmarks/_run_pipeline.py``: ``Pipeline(config, local_session(),
                     on_batch=...).run()`` in a process (and session) of its own, the tables in
                     mirror mode (``--history``: mirror + history), the trigger left at its
-                    defaults (``--interval``, ``--max-changes`` set it). It copies the tables
-                    (its initial copy), then streams. ``--runner cli`` runs ``pgcdc run``
-                    instead (the same, without the per-batch phases).
+                    defaults (``--interval``, ``--max-changes``, ``--inline-max`` set it). It
+                    copies the tables (its initial copy), then streams. ``--runner cli`` runs
+                    ``pgcdc run`` instead (the same, without the per-batch phases).
     pg_recvlogical  the baseline: ``pg_recvlogical --start -f - -o proto_version=1 -o
                     publication_names=...`` (plugin pgoutput) on its own slot, created before
                     the pipeline's, its output read through a pipe here.
@@ -387,6 +387,8 @@ def pipeline_toml(args: argparse.Namespace, dsn: str, lake: Path, tables: list[s
         lines.append(f"interval = {q(args.interval)}")
     if args.max_changes is not None:
         lines.append(f"max_changes_per_batch = {args.max_changes}")
+    if args.inline_max is not None:
+        lines.append(f"inline_max_changes = {args.inline_max}")
     lines.append("[tables]")
     lines += [f'"public.{t}" = {modes}' for t in tables]
     return "\n".join(lines) + "\n"
@@ -1155,6 +1157,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes, short steps")
     parser.add_argument("--clients", type=int, default=4, help="load connections (4)")
     parser.add_argument("--interval", help="trigger.interval (the pipeline's default)")
+    parser.add_argument(
+        "--inline-max", type=int, help="trigger.inline_max_changes (the pipeline's default)"
+    )
     parser.add_argument(
         "--max-changes", type=int, help="trigger.max_changes_per_batch (the pipeline's default)"
     )

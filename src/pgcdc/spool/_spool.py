@@ -155,6 +155,10 @@ class _Open:
     changes: int = 0
 
 
+#: The write buffer of a spool file.
+_WRITE_BUFFER = 1 << 18
+
+
 class Spool:
     """Writes come from the replication thread (`begin`, `change`, `truncate`, `message`,
     `commit`); planning and release from the pipeline's thread."""
@@ -207,10 +211,15 @@ class Spool:
         name = "messages" if relid == MESSAGES else f"r{relid}"
         return self.directory / f"{name}-{segment:06d}.spool"
 
+    def _open_segment(self, relid: int, segment: int) -> BinaryIO:
+        # Written in large pieces: what a transaction adds reaches the OS when it is
+        # published (`publish`), not record by record.
+        return open(self._path(relid, segment), "w+b", buffering=_WRITE_BUFFER)
+
     def _file(self, relid: int) -> _File:
         file = self._files.get(relid)
         if file is None:
-            file = self._files[relid] = _File(0, open(self._path(relid, 0), "w+b"))  # noqa: SIM115
+            file = self._files[relid] = _File(0, self._open_segment(relid, 0))
         return file
 
     def _write(self, relid: int, payload: bytes) -> None:
@@ -226,7 +235,7 @@ class Spool:
         file.handle.close()
         segment = file.segment + 1
         with self.changed:
-            self._files[relid] = _File(segment, open(self._path(relid, segment), "w+b"))  # noqa: SIM115
+            self._files[relid] = _File(segment, self._open_segment(relid, segment))
             if not self._segments.get((relid, file.segment)):
                 self._segments.pop((relid, file.segment), None)
                 self._path(relid, file.segment).unlink(missing_ok=True)

@@ -3,6 +3,7 @@ exactly once."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -530,3 +531,21 @@ def test_table_properties_are_given_to_tables_made_before(tmp_path: Path) -> Non
     configuration = DeltaTable(str(path)).metadata().configuration
     assert configuration["delta.targetFileSize"] == TABLE_PROPERTIES["delta.targetFileSize"]
     assert configuration["delta.logRetentionDuration"] == "interval 1 days"
+
+
+def test_an_open_target_follows_what_others_commit(tmp_path: Path) -> None:
+    """A target kept open reads its log on from where it was: it sees another writer's
+    commit, and a table removed under it."""
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, insert(REL, id=1, name="a"))))
+    opened = t.io.open()
+    assert opened is not None
+    before = opened.version()
+    DeltaTable(t.path).alter.set_table_properties({"delta.checkpointInterval": "7"})
+    again = t.io.open()
+    assert again is not None and again.version() == before + 1
+    assert again.metadata().configuration["delta.checkpointInterval"] == "7"
+    t.apply(envelope(txn(0x200, insert(REL, id=2, name="b"))))
+    assert rows(t.to_arrow()) == [(1, "a", None), (2, "b", None)]
+    shutil.rmtree(t.path)
+    assert t.io.open() is None

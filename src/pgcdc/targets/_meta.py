@@ -13,14 +13,13 @@ table's latest commits).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 
 from deltalake import CommitProperties, DeltaTable, Transaction
 
 from pgcdc.envelope import ColumnInfo, Shape
-from pgcdc.storage import is_object_store
+from pgcdc.targets._mor.log import local_log_dir, read_commit
 from pgcdc.targets.fold import Seq
 
 __all__ = [
@@ -99,8 +98,9 @@ def last_commit(table: DeltaTable | None, location: str | None = None) -> dict[s
     history lists the whole log)."""
     if table is None:
         return {}
-    if location is not None and not is_object_store(location):
-        info = _commit_info(location, table.version())
+    log_dir = None if location is None else local_log_dir(location)
+    if log_dir is not None:
+        info = _commit_info(log_dir, table.version())
         if info is not None and (PARTIAL in info or COLUMNS in info):
             return info
     for commit in table.history(MAINTENANCE_COMMITS + 1):
@@ -109,16 +109,14 @@ def last_commit(table: DeltaTable | None, location: str | None = None) -> dict[s
     return {}
 
 
-def _commit_info(location: str, version: int) -> dict[str, Any] | None:
-    path = os.path.join(location.removeprefix("file://"), "_delta_log", f"{version:020d}.json")
+def _commit_info(log_dir: str, version: int) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                action = json.loads(line) if line.strip() else {}
-                if "commitInfo" in action:
-                    return {**action["commitInfo"], "version": version}
+        actions = read_commit(log_dir, version)
     except FileNotFoundError:
-        pass
+        return None
+    for action in actions:
+        if "commitInfo" in action:
+            return {**action["commitInfo"], "version": version}
     return None
 
 

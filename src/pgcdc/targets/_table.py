@@ -28,6 +28,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, TableFeatures,
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._arrow import conform
+from pgcdc.targets._mor.log import local_log_dir, update
 from pgcdc.targets.base import Mode
 
 __all__ = ["LOCAL_PROPERTIES", "TABLE_PROPERTIES", "TableIO"]
@@ -58,6 +59,7 @@ class TableIO:
         local = {} if "://" in path and not path.startswith("file://") else LOCAL_PROPERTIES
         self.properties = {**TABLE_PROPERTIES, **local, **(properties or {})}
         self._table: DeltaTable | None = None
+        self._log_dir = local_log_dir(path)
 
     def open(self) -> DeltaTable | None:
         """The table as of now (its log read from where it was), or None when there is none
@@ -65,7 +67,7 @@ class TableIO:
         table = self._table
         if table is not None:
             try:
-                table.update_incremental()
+                update(table, self._log_dir)
                 return table
             except Exception:  # removed, or replaced under us: read it anew
                 self._table = None

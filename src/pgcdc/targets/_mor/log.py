@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 
 from pgcdc.targets._mor.format import DeletionVector
 
@@ -39,6 +40,30 @@ def read_commit(log_dir: str, version: int) -> list[dict[str, Any]]:
     """The actions of one commit file."""
     with open(commit_path(log_dir, version), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def local_log_dir(location: str) -> str | None:
+    """The ``_delta_log`` directory of a table at `location`, when it is on a local
+    filesystem (a path or a ``file://`` URI); None for an object store."""
+    if "://" in location and not location.startswith("file://"):
+        return None
+    return os.path.join(location.removeprefix("file://"), "_delta_log")
+
+
+def update(table: DeltaTable, log_dir: str | None) -> None:
+    """`table` brought up to date (`update_incremental`); for a local table (`log_dir`) only
+    when its log has a commit past the version it has (listing the log costs milliseconds
+    once it holds thousands of commits; two file checks do not). FileNotFoundError when a
+    local table's log is gone (removed under it)."""
+    if log_dir is not None:
+        if not os.path.isdir(log_dir):
+            raise FileNotFoundError(f"{log_dir} is gone")
+        version = table.version()
+        if os.path.exists(commit_path(log_dir, version)) and not os.path.exists(
+            commit_path(log_dir, version + 1)
+        ):
+            return
+    table.update_incremental()
 
 
 def tombstone_key(remove: dict[str, Any]) -> tuple[str, str]:

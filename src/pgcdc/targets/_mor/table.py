@@ -19,7 +19,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._mor.format import DeletionVector, Rows, descriptor_rows, no_rows
-from pgcdc.targets._mor.log import LogGap, LogState
+from pgcdc.targets._mor.log import LogGap, LogState, update
 
 __all__ = [
     "DeletionVectorsUnsupported",
@@ -178,7 +178,7 @@ class MergeOnReadTable:
 
     def refresh(self) -> None:
         """Reads what other writers committed (`update_incremental`) and follows it."""
-        self.table.update_incremental()
+        update(self.table, os.path.join(self.table_dir, "_delta_log"))
         self.sync()
 
     # -- files ---------------------------------------------------------------------------

@@ -149,18 +149,22 @@ def pipeline_config(
     available_now: bool,
     max_changes: int,
     interval: str = "1 second",
+    inline_max: int | None = None,
 ) -> PipelineConfig:
     tables = [table] if isinstance(table, str) else table
+    trigger: dict[str, object] = {
+        "available_now": available_now,
+        "interval": interval,
+        "max_changes_per_batch": max_changes,
+    }
+    if inline_max is not None:
+        trigger["inline_max_changes"] = inline_max
     return parse_config(
         {
             "name": name,
             "source": {"conninfo": db.dsn, "publication": publication, "slot": slot},
             "target": {"path": str(path)},
-            "trigger": {
-                "available_now": available_now,
-                "interval": interval,
-                "max_changes_per_batch": max_changes,
-            },
+            "trigger": trigger,
             "tables": {f"public.{t}": "mirror" for t in tables},
         }
     )
@@ -323,6 +327,7 @@ def throughput(
         work / "throughput",
         available_now=True,
         max_changes=args.max_changes,
+        inline_max=args.inline_max,
     )
     print(
         f"draining pipeline with Pipeline.run() (available_now, max_changes_per_batch "
@@ -758,6 +763,11 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=1_000_000,
         help="trigger.max_changes_per_batch (1000000)",
+    )
+    parser.add_argument(
+        "--inline-max",
+        type=int,
+        help="trigger.inline_max_changes of the drain (the pipeline's default)",
     )
     parser.add_argument(
         "--freshness-seconds", type=float, default=60, help="live workload duration (60)"

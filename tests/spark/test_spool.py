@@ -135,6 +135,7 @@ def test_held_commits_are_published_together(tmp_path: Path) -> None:
     assert due is not None and 3590 < due <= 3600
     with pytest.raises(SpoolError, match="ending at 0/BB8 arrived after one ending at 0/FA0"):
         commit(spool, 3000, 1)  # checked against the held ones too
+    spool.begin()  # that transaction is cut off (as after a lost connection)
     spool.hold_seconds = 0.001
     time.sleep(0.002)
     assert spool.publish_due() is None
@@ -148,6 +149,29 @@ def test_held_commits_are_published_together(tmp_path: Path) -> None:
     time.sleep(0.002)
     commit(spool, 6000, 1)  # the oldest held long enough: both published now
     assert not spool.holding and spool.last_lsn == Lsn(6000)
+
+
+def test_held_commits_published_while_a_transaction_is_written(tmp_path: Path) -> None:
+    """The session waits for the server in the middle of a transaction too: publishing then
+    leaves the file it is being written to as it is (no new segment under it)."""
+    spool = Spool(tmp_path / "spool", segment_bytes=300)
+    spool.hold_seconds = 0.001
+    commit(spool, 1000, 4)  # held; its file is past the segment size
+    spool.begin()
+    spool.change(REL, 1990, insert(REL, 7))
+    time.sleep(0.002)
+    assert spool.publish_due() is None and spool.last_lsn == Lsn(1000)
+    spool.change(REL, 1991, insert(REL, 8))
+    spool.commit(Lsn(1995), Lsn(2000), 9, None, None)
+    spool.publish()
+    rows = envelope(spool.ranges(Lsn(0), Lsn(2000))[REL.relid]).to_pylist()
+    assert [(r["commit_lsn"], r["ordinal"]) for r in rows] == [(995, i) for i in range(1, 5)] + [
+        (1995, 1),
+        (1995, 2),
+    ]
+    commit(spool, 3000, 1)  # between transactions: a new segment now
+    spool.publish()
+    assert len(list((tmp_path / "spool").iterdir())) == 2
 
 
 def test_positions_must_increase(tmp_path: Path) -> None:

@@ -383,9 +383,10 @@ class Spool:
                     key = (u.relid, u.segment)
                     self._segments[key] = self._segments.get(key, 0) + 1
             self.changed.notify_all()
-        dirty, self._dirty = self._dirty, set()
-        for relid in dirty:
-            if self._files[relid].size >= self.segment_bytes:
+        self._dirty.clear()
+        full = [r for r, f in self._files.items() if f.size >= self.segment_bytes]
+        for relid in full:
+            if relid not in self._open:  # a transaction being written stays in its file
                 self._roll(relid)
 
     @property

@@ -101,8 +101,9 @@ def _sparse_columns(
 
 @dataclass(frozen=True, slots=True)
 class _Plain:
-    """A batch of one relation shape, with keys, no key change, no unchanged TOAST value,
-    no truncation: each row's key (text, by key column) and the rows' sequence order."""
+    """A batch of one relation shape, with keys, no key change, no unchanged TOAST value of
+    a key column, no truncation: each row's key (text, by key column) and the rows'
+    sequence order."""
 
     shape: Shape
     names: tuple[str, ...]

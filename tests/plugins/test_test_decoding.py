@@ -33,6 +33,7 @@ from pgcdc.plugins.test_decoding import (
     quote_literal,
     timestamptz_to_str,
 )
+from pgcdc.protocol import Lsn
 from pgcdc.replication import DEFAULT_SESSION_SETTINGS, StreamOptions
 from replication.helpers import commits_held_back, unique, wait_for
 
@@ -160,12 +161,23 @@ def compare(pg: Database, workload: Workload, options: dict[str, str]) -> Output
 
 def wait_for_flush(pg: Database) -> None:
     """Wait until the WAL written so far is flushed: both sides decode only flushed WAL, and
-    an abort (or an asynchronous commit) is flushed only later by the WAL writer."""
-    inserted = pg.execute("SELECT pg_current_wal_insert_lsn()")[0][0]
+    an abort (or an asynchronous commit) is flushed only later by the WAL writer. When the
+    last record ended a page, the insert position is past the next page's header, which
+    nothing is written to until the next record: the WAL is flushed once its page start is."""
+    inserted, block, segment = pg.execute(
+        "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
+        " current_setting('wal_block_size')::int,"
+        " pg_size_bytes(current_setting('wal_segment_size'))"
+    )[0]
+    page = int(inserted) - int(inserted) % block
+    header = 40 if int(inserted) % segment == 40 else 24  # a segment's first page: long
+    flushed = page if int(inserted) - page == header else int(inserted)
     wait_for(
-        lambda: pg.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (inserted,))[0][0],
+        lambda: pg.execute("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn >= %s", (flushed,))[
+            0
+        ][0],
         timeout=10,
-        what=f"WAL to be flushed up to {inserted}",
+        what=f"WAL to be flushed up to {Lsn(flushed)}",
     )
 
 

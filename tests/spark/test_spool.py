@@ -174,6 +174,21 @@ def test_held_commits_published_while_a_transaction_is_written(tmp_path: Path) -
     assert len(list((tmp_path / "spool").iterdir())) == 2
 
 
+def test_an_interrupted_transaction_is_cut_off_while_commits_are_held(tmp_path: Path) -> None:
+    """A lost connection mid-transaction while earlier commits wait to be published: the
+    interrupted transaction is cut off, the held ones are published whole."""
+    spool = Spool(tmp_path / "spool")
+    spool.hold_seconds = 3600.0
+    commit(spool, 1000, 2)
+    spool.begin()
+    spool.change(REL, 1990, insert(REL, 5))
+    commit(spool, 2000, 1)  # sent again whole after the reconnect
+    assert spool.holding and spool.last_lsn is None
+    spool.publish()
+    rows = envelope(spool.ranges(Lsn(0), Lsn(2000))[REL.relid]).to_pylist()
+    assert [(r["commit_lsn"], r["ordinal"]) for r in rows] == [(995, 1), (995, 2), (1995, 1)]
+
+
 def test_positions_must_increase(tmp_path: Path) -> None:
     spool = filled(tmp_path, [1, 1])
     with pytest.raises(SpoolError, match="ending at 0/3E8 arrived after one ending at 0/7D0"):

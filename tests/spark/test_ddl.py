@@ -232,6 +232,42 @@ def test_a_new_key_some_rows_lack_stops_the_table_until_recopied(
         _assert_equal(pg, config, "s", "the recopy")
 
 
+def test_a_slot_behind_its_targets_sends_ddl_they_hold_again(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """The slot may send again transactions its targets applied long ago (a standby's copy
+    of a failover slot is behind; so is a slot not confirmed before a crash), with DDL among
+    them and more DDL since: the changes after the targets' watermark are read from what
+    they recorded, not from the replayed transactions read against a catalog of later. Here
+    a column is renamed and another added under its old name before the watermark, a change
+    comes after it, and a column is added after that change."""
+    slot, config = _pipeline(
+        pg,
+        tmp_path,
+        "CREATE TABLE w (id int PRIMARY KEY, v int, x int)",
+        "INSERT INTO w SELECT g, g, g FROM generate_series(1, 20) g",
+    )
+    behind = unique("behind")
+    with _dropped_after(pg, slot, "w"):
+        run_pipeline(spark, config)
+        pg.execute(f"SELECT pg_copy_logical_replication_slot('{slot}', '{behind}')")
+        try:
+            pg.execute("UPDATE w SET x = x + 100 WHERE id % 2 = 0")
+            pg.execute("ALTER TABLE w RENAME x TO y; ALTER TABLE w ADD x int DEFAULT 7")
+            pg.execute("UPDATE w SET y = -y, x = id WHERE id % 3 = 0")
+            run_pipeline(spark, config)
+            _assert_equal(pg, config, "w", "the DDL")
+            pg.execute("UPDATE w SET y = 0, x = 0 WHERE id % 5 = 0")
+            pg.execute("ALTER TABLE w ADD c int; UPDATE w SET c = 1 WHERE id = 1")
+            # the slot goes back to before the DDL: the copy made then takes its place
+            pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+            pg.execute(f"SELECT pg_copy_logical_replication_slot('{behind}', '{slot}')")
+            run_pipeline(spark, config)
+            _assert_equal(pg, config, "w", "the DDL sent again")
+        finally:
+            pg.execute(f"SELECT pg_drop_replication_slot('{behind}')")
+
+
 def test_an_identity_index_a_schema_move_constraints_and_rewrites(
     spark: Any, pg: Database, tmp_path: Path
 ) -> None:

@@ -734,7 +734,7 @@ class TargetCheck:
             f"{len(self.versions)} version problems"
             + (f"; the target lacks the source's columns {self.absent}" if self.absent else "")
         )
-        return "\n    ".join([head, *self.rows[:10], *self.versions[:10]])
+        return "\n    ".join([head, *self.rows[:20], *self.versions[:10]])
 
 
 def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
@@ -762,9 +762,13 @@ def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
     shown = {_row_key(r, names): r for r in [*source.to_pylist(), *rows]}
     check.source_rows, check.target_rows = source.num_rows, len(rows)
     check.source_copies = sum(n for n in want.values() if n > 1)
+    # (listed in key order: a row the target holds otherwise shows as lost and extra together)
+    key = KEYS[table] or names
+    differ: list[tuple[str, str]] = []
     for row, n in (want - got).items():
         check.lost += n
-        check.rows.append(f"lost {n} (source {want[row]}, target {got[row]}): {_show(shown[row])}")
+        what = f"lost {n} (source {want[row]}, target {got[row]})"
+        differ.append((_row_key(shown[row], key), f"{what}: {_show(shown[row])}"))
     for row, n in (got - want).items():
         if row in want:
             check.duplicated += n
@@ -772,7 +776,8 @@ def check_target(dsn: str, table: str, mode: str, path: str) -> TargetCheck:
         else:
             check.extra += n
             what = f"extra {n}"
-        check.rows.append(f"{what}: {_show(shown[row])}")
+        differ.append((_row_key(shown[row], key), f"{what}: {_show(shown[row])}"))
+    check.rows = [text for _, text in sorted(differ)]
     return check
 
 

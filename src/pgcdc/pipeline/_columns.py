@@ -35,6 +35,15 @@ only after the DDL committed, is read as before it: the rare case the rule gets 
 Each Relation message is resolved when it arrives (the spool asks), so that a message the
 server sends again after DDL with the very same names and types (``DROP c; ADD c`` of the
 same type) still tells the new column.
+
+A new process starts from what its targets recorded: the relation's columns as of the last
+change they applied, at the lowest of their watermarks (`ColumnIdentities.seed`). The slot
+sends again what came after its confirmed position, which may lie far before that point (a
+standby's copy of a failover slot, a crash before the slot was confirmed): the messages of
+those transactions are older than the seed, so they are not read forward from it (that would
+take DDL since for DDL before), nor do they become the previous version of the next message;
+every target skips their changes, and they are read against the catalog alone. The first
+message of a transaction after the seed's point is read forward from the seed.
 """
 
 from __future__ import annotations
@@ -215,14 +224,34 @@ class ColumnIdentities:
         self.publications = list(publications)
         #: Per relation OID: its last message resolved, (own attnum, column) each.
         self._last: dict[int, list[tuple[int, MessageColumn]]] = {}
+        #: Per relation OID: the commit position its seed holds, while no message of a
+        #: later transaction has come.
+        self._seeded_at: dict[int, int] = {}
 
-    def seed(self, relid: int, columns: Sequence[tuple[int, MessageColumn]]) -> None:
-        """What a relation's columns were as of the last change applied (a target's record):
-        the previous version of the first message of a new session."""
+    def seed(
+        self, relid: int, columns: Sequence[tuple[int, MessageColumn]], at: int | None = None
+    ) -> None:
+        """What a relation's columns were as of the last change applied (a target's record)
+        and, when known, the commit position `at` that every target of it holds: the
+        previous version of the first message of a transaction after `at` (of the first
+        message of a new session when `at` is not known)."""
         if columns and all(attnum for attnum, _ in columns):
             self._last.setdefault(relid, list(columns))
+            if at is not None:
+                self._seeded_at.setdefault(relid, at)
 
-    def __call__(self, relation: Relation, xid: int | None = None) -> tuple[int, ...]:
+    def rereads(self, relid: int, commit_lsn: int | None) -> bool:
+        """Whether the relation's last message, in force for a transaction at `commit_lsn`,
+        must be resolved again: it was read against the catalog alone (older than the seed)
+        and this transaction is the first after the seed's point."""
+        seeded_at = self._seeded_at.get(relid)
+        return seeded_at is not None and (commit_lsn is None or commit_lsn > seeded_at)
+
+    def __call__(
+        self, relation: Relation, xid: int | None = None, commit_lsn: int | None = None
+    ) -> tuple[int, ...]:
+        """The attnums of the message's columns (the partitioned table's, a table's own);
+        `xid` and `commit_lsn`: the transaction it came in, when known."""
         query = self.catalog.query  # type: ignore[attr-defined]
         if xid:  # (its commit came; the catalog may not show it yet)
             wait_until_visible(query, xid)
@@ -245,6 +274,14 @@ class ColumnIdentities:
             for attnum, name, type_oid, type_modifier, dropped, generated, root, xmin in rows
         ]
         message = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
+        root = {a.attnum: a.root_attnum for a in catalog}
+        seeded_at = self._seeded_at.get(relation.relid)
+        if seeded_at is not None and commit_lsn is not None and commit_lsn <= seeded_at:
+            # a transaction every target holds (its changes are skipped): older than the
+            # seed, it is read against the catalog alone and leaves the seed in place
+            own = resolve_attnums(message, catalog, xid=xid)
+            return tuple(root.get(n, 0) or n for n in own)
+        self._seeded_at.pop(relation.relid, None)
         own = resolve_attnums(message, catalog, self._last.get(relation.relid), xid)
         if 0 in own:
             log.warning(
@@ -255,5 +292,4 @@ class ColumnIdentities:
                 ", ".join(c[0] for c, a in zip(message, own, strict=True) if not a),
             )
         self._last[relation.relid] = list(zip(own, message, strict=True))
-        root = {a.attnum: a.root_attnum for a in catalog}
         return tuple(root.get(n, 0) or n for n in own)

@@ -366,12 +366,19 @@ class Pipeline:
         identities = ColumnIdentities(self._spool_catalog, config.publications)
         bindings = self.tables.bind()
         for table, targets in self.targets.items():
-            recorded = next(
-                (r for _, t in targets if (r := t.recorded_columns()) is not None), None
-            )
-            if recorded is not None and table in bindings.oids and table not in bindings.leaves:
-                columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded]
-                identities.seed(bindings.oids[table], columns)
+            if table not in bindings.oids or table in bindings.leaves:
+                continue
+            # the columns as of the target that holds the least: the slot sends again what
+            # came before, which every target skips (see `ColumnIdentities`)
+            held = [(t.watermark, t.recorded_columns()) for _, t in targets]
+            known = [(w, r) for w, r in held if r is not None]
+            if not known:
+                continue
+            marks = [w for w, _ in held if w is not None]
+            at = min(marks) if len(marks) == len(held) else None
+            recorded = min(known, key=lambda k: k[0] or 0)[1]
+            columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded]
+            identities.seed(bindings.oids[table], columns, at)
         return Spooler(
             config.conninfo,
             config.slot,

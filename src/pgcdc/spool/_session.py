@@ -41,7 +41,7 @@ class SpoolWriter(OutputPlugin):
     spool: Spool
 
     def begin(self, ctx: DecodingContext, txn: Transaction) -> None:
-        self.spool.begin(txn.xid)
+        self.spool.begin(txn.xid, txn.final_lsn)
 
     def change(
         self, ctx: DecodingContext, txn: Transaction, relation: Relation, change: Change

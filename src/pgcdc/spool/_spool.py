@@ -33,11 +33,11 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import pyarrow as pa
 
@@ -62,12 +62,28 @@ from pgcdc.records import encode_record, read_range, split_records
 __all__ = [
     "MESSAGES",
     "BatchInfo",
+    "ColumnResolver",
     "Spool",
     "SpoolRange",
     "default_spool_dir",
     "load_ranges",
     "read_envelope",
 ]
+
+
+class ColumnResolver(Protocol):
+    """Says what each column of a Relation message is (its attnums; the pipeline's
+    `ColumnIdentities`), given the transaction it came in (xid, commit position)."""
+
+    def __call__(
+        self, relation: Relation, xid: int | None, commit_lsn: int | None
+    ) -> tuple[int, ...]: ...
+
+    def rereads(self, relid: int, commit_lsn: int | None) -> bool:
+        """Whether the relation's last message, in force for a transaction at
+        `commit_lsn`, must be resolved again (it was read before a point this one passes)."""
+        ...
+
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 #: Past this much unreleased data the writer waits for Spark (the server then keeps the WAL).
@@ -169,13 +185,14 @@ class Spool:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        identify: Callable[[Relation, int | None], tuple[int, ...]] | None = None,
+        identify: ColumnResolver | None = None,
     ) -> None:
         self.directory = Path(directory)
         #: Says what each column of a Relation message is (its attnums), when it arrives,
-        #: given the xid of the transaction it came in.
+        #: given the xid and the commit position of the transaction it came in.
         self.identify = identify
         self._xid: int | None = None
+        self._commit_lsn: int | None = None
         if self.directory.exists():
             shutil.rmtree(self.directory)  # a previous process's: the slot resends it
         self.directory.mkdir(parents=True)
@@ -242,10 +259,11 @@ class Spool:
 
     # -- the writer (replication thread) -------------------------------------------------
 
-    def begin(self, xid: int | None = None) -> None:
-        """A transaction's changes follow (`xid`: its, when known). One that was interrupted
-        (a lost connection: the server sends it again whole) is cut off its files."""
-        self._xid = xid
+    def begin(self, xid: int | None = None, commit_lsn: int | None = None) -> None:
+        """A transaction's changes follow (`xid`, `commit_lsn`: its, when known). One that
+        was interrupted (a lost connection: the server sends it again whole) is cut off its
+        files."""
+        self._xid, self._commit_lsn = xid, commit_lsn
         for relid, unit in self._open.items():
             file = self._files[relid]
             file.handle.seek(unit.start)
@@ -259,9 +277,16 @@ class Spool:
         from the last one, or names other columns (a message sent again after DDL may be
         the same bytes: ``DROP c; ADD c``)."""
         known = self._version_of.get(relation.relid)
-        if known is not None and known[0] is relation:
+        identify = self.identify
+        if (
+            known is not None
+            and known[0] is relation
+            and (identify is None or not identify.rereads(relation.relid, self._commit_lsn))
+        ):
             return known[1]
-        attnums = self.identify(relation, self._xid) if self.identify is not None else ()
+        attnums = (
+            () if self.identify is None else self.identify(relation, self._xid, self._commit_lsn)
+        )
         encoded = encode(replace(relation, xid=None))  # not a stream block's
         versions = self._versions.setdefault(relation.relid, [])
         if known is not None and versions[known[1]] == (encoded, attnums):

@@ -57,6 +57,15 @@ def test_plan_takes_whole_transactions_within_limits(tmp_path: Path) -> None:
     assert info.last_commit_time is not None and info.last_commit_time.year == 2000
 
 
+def test_pending_counts_the_changes_waiting(tmp_path: Path) -> None:
+    spool = filled(tmp_path, [3, 3, 5, 1])
+    assert spool.pending(Lsn(0)) == 12
+    assert spool.pending(Lsn(2000)) == 6
+    assert spool.pending(Lsn(0), upto=Lsn(2500)) == 6
+    assert spool.pending(Lsn(0), at_most=4) == 6  # counting stops once past 4
+    assert spool.pending(Lsn(4000)) == 0
+
+
 def test_ranges_per_relation_read_back_as_the_envelope(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool", segment_bytes=1500)
     commit(spool, 1000, 2)

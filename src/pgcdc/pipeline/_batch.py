@@ -23,7 +23,25 @@ from pgcdc.spool._session import Spooler
 from pgcdc.spool._spool import SpoolRange, load_ranges
 from pgcdc.types.catalog import TypeCatalog
 
-__all__ = ["BatchApplier", "BatchReport", "PipelineStats"]
+__all__ = ["JOB_BACKLOG", "BatchApplier", "BatchReport", "PipelineStats", "batch_limit"]
+
+#: A backlog of more than this many times ``inline_max_changes`` goes to Spark jobs in batches
+#: as large as ``max_changes_per_batch``; a smaller one is cut into batches the driver applies.
+JOB_BACKLOG = 20
+
+
+def batch_limit(pending: int, inline_max_changes: int, max_changes: int | None) -> int | None:
+    """The most changes the next batch may hold, given the changes waiting (`pending`).
+
+    The driver keeps its targets open between batches, a Spark job's tasks open theirs anew
+    in each worker (the first job of a run starts the workers too): under a live load, a
+    batch that grew past ``inline_max_changes`` (one slow batch is enough) would be slower in
+    a job, and the next batch larger still. So a backlog of up to `JOB_BACKLOG` batches the
+    driver can take is cut into such batches; only a larger one (a run starting behind, a
+    load beyond what the driver keeps up with) goes to jobs."""
+    if pending > JOB_BACKLOG * inline_max_changes:
+        return max_changes
+    return inline_max_changes if max_changes is None else min(max_changes, inline_max_changes)
 
 
 @dataclass(slots=True)

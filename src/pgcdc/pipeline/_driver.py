@@ -33,7 +33,13 @@ from pgcdc.monitoring import (
     wal_warnings,
     write_lag,
 )
-from pgcdc.pipeline._batch import BatchApplier, BatchReport, PipelineStats
+from pgcdc.pipeline._batch import (
+    JOB_BACKLOG,
+    BatchApplier,
+    BatchReport,
+    PipelineStats,
+    batch_limit,
+)
 from pgcdc.pipeline._columns import ColumnIdentities
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
 from pgcdc.pipeline._dispatch import Dispatcher
@@ -494,11 +500,12 @@ class Pipeline:
             self.tables.watch()
             self.watch_lag(applied)
             spooler.check()
-            end, _ = spooler.spool.plan(
-                applied,
-                max_changes=config.max_changes_per_batch,
-                max_bytes=config.max_bytes_per_batch,
-                upto=target,
+            spool = spooler.spool
+            backlog = JOB_BACKLOG * config.inline_max_changes
+            pending = spool.pending(applied, upto=target, at_most=backlog)
+            limit = batch_limit(pending, config.inline_max_changes, config.max_changes_per_batch)
+            end, changes = spool.plan(
+                applied, max_changes=limit, max_bytes=config.max_bytes_per_batch, upto=target
             )
             if end == applied:
                 if target is not None and spooler.reached(target, after=applied):
@@ -508,7 +515,8 @@ class Pipeline:
             if now < next_batch:  # at most one batch start per interval
                 self._stopping.wait(next_batch - now)
                 continue
-            next_batch = now + interval
+            # a batch cut by a limit leaves a backlog: the next one starts at once
+            next_batch = now + interval if changes >= pending else 0.0
             report = self.batches.apply(batch_id, spooler, applied, end)
             self.stats.add(report)
             if self.on_batch is not None:

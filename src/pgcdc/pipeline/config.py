@@ -73,11 +73,13 @@ that setting, and the driver's memory, raised on a cluster).
 (`pgcdc.spark.submit`) the session is spark-submit's and ``[spark]`` is not used.
 ``interval`` is a number of seconds or a text such as
 ``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
-soon as changes are there and the interval since the last one has passed). Batches adapt to
+soon as changes are there and the interval since the last one has passed; one that a limit
+cut short is followed at once by the next). Batches adapt to
 the load by themselves: while one is applied the next one's changes gather, so a batch that
 takes long is followed by a larger one. A batch of at most ``inline_max_changes`` changes is
-applied by the driver itself, its targets kept open between batches; a larger one (a backlog)
-by a Spark job over its tables.
+applied by the driver itself, its targets kept open between batches; a backlog of more than
+twenty times that goes in larger batches (up to ``max_changes_per_batch``) to Spark jobs over
+their tables, and a smaller one is cut into batches the driver applies.
 
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the

@@ -453,6 +453,19 @@ class Spool:
                 hi = mid
         return txns[lo:]
 
+    def pending(self, start: Lsn, *, upto: Lsn | None = None, at_most: int | None = None) -> int:
+        """The changes of the transactions after `start` (up to `upto`); counting stops
+        once past `at_most`."""
+        with self.changed:
+            changes = 0
+            for txn in self._after(start):
+                if (upto is not None and txn.end_lsn > upto) or (
+                    at_most is not None and changes > at_most
+                ):
+                    break
+                changes += txn.changes
+            return changes
+
     def plan(
         self,
         start: Lsn,

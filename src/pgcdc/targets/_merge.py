@@ -543,25 +543,14 @@ class Writer:
         typed_rows = typed_keys.select(key_names).to_pylist()
         by_text = {k: hashable(tuple(r.values())) for k, r in zip(keys, typed_rows, strict=True)}
         current = self.current(table, key_names, columns, typed_keys, schema)
-        index = {
-            hashable(tuple(r[n] for n in key_names)): i
-            for i, r in enumerate(current.select(key_names).to_pylist())
-        }
+        index = _row_index(current, key_names)
         for column in columns:
-            positions: list[int | None] = [None] * data.num_rows
+            positions = np.full(data.num_rows, -1, dtype=np.int64)
             for i, image in enumerate(images):
                 key = image.missing.get(column)
                 if key is not None:
-                    positions[offset + i] = index.get(by_text[key])
-            if all(p is None for p in positions):
-                continue
-            at = data.schema.get_field_index(column)
-            values = data.column(at).combine_chunks()
-            found = current.column(column).take(pa.array(positions, pa.int64()))
-            merged = pa.concat_arrays([values, found.combine_chunks().cast(values.type)])
-            n = data.num_rows
-            chosen = [i if p is None else n + i for i, p in enumerate(positions)]
-            data = data.set_column(at, column, merged.take(pa.array(chosen, pa.int64())))
+                    positions[offset + i] = index.get(by_text[key], -1)
+            data = _replace_rows(data, column, current, positions)
         return data
 
     def fill_missing(
@@ -584,26 +573,14 @@ class Writer:
         asked = offset + np.flatnonzero(np.logical_or.reduce([missing[c] for c in columns]))
         keys = data.select(list(key_names)).take(pa.array(asked))
         current = self.current(table, list(key_names), columns, keys, schema)
-        index = {
-            hashable(tuple(row.values())): i
-            for i, row in enumerate(current.select(list(key_names)).to_pylist())
-        }
+        index = _row_index(current, list(key_names))
         found = np.full(data.num_rows, -1, dtype=np.int64)
         for at, row in zip(asked, keys.to_pylist(), strict=True):
             found[at] = index.get(hashable(tuple(row.values())), -1)
         for column in columns:
             take = np.zeros(data.num_rows, dtype=bool)
             take[offset : offset + size] = missing[column]
-            take &= found >= 0
-            if not take.any():
-                continue
-            at = data.schema.get_field_index(column)
-            values = data.column(at).combine_chunks()
-            chosen = np.where(take, data.num_rows + found, np.arange(data.num_rows))
-            pool = pa.concat_arrays(
-                [values, current.column(column).combine_chunks().cast(values.type)]
-            )
-            data = data.set_column(at, column, pool.take(pa.array(chosen)))
+            data = _replace_rows(data, column, current, np.where(take, found, -1))
         return data
 
     def current(
@@ -628,3 +605,25 @@ class Writer:
         return self.io.query(table, sql, pick(schema, wanted))
 
     # --- writing -----------------------------------------------------------------------
+
+
+def _row_index(rows: pa.Table, key_names: list[str]) -> dict[Any, int]:
+    """The position of each key's row in `rows` (values as `hashable` makes them)."""
+    return {
+        hashable(tuple(row[n] for n in key_names)): i
+        for i, row in enumerate(rows.select(key_names).to_pylist())
+    }
+
+
+def _replace_rows(
+    data: pa.Table, column: str, current: pa.Table, positions: np.ndarray
+) -> pa.Table:
+    """`data` whose `column` takes, in each row with a position (>= 0), the value of the
+    `current` row there."""
+    if not (positions >= 0).any():
+        return data
+    at = data.schema.get_field_index(column)
+    values = data.column(at).combine_chunks()
+    pool = pa.concat_arrays([values, current.column(column).combine_chunks().cast(values.type)])
+    chosen = np.where(positions >= 0, data.num_rows + positions, np.arange(data.num_rows))
+    return data.set_column(at, column, pool.take(pa.array(chosen)))

@@ -171,9 +171,12 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     upserts: dict[str, pa.Array] | None
     if plain.unchanged:
         upserts, absent = _sparse_columns(kept.column("after"), names)
+        kept_keys = _columns(kept.column("key"), keys)
+        assert kept_keys is not None  # `_plain` read every row's key so
+        row_deletes = pc.equal(rows.column("op"), "delete").to_numpy(zero_copy_only=False)
         for name, lacking in absent.items():
             upserts[name], missing_here = _latest_known(
-                rows, plain, kept, upserts[name], lacking, name
+                rows, plain, row_deletes, kept_keys, upserts[name], lacking, name
             )
             if missing_here.any():
                 missing[name] = missing_here
@@ -188,18 +191,23 @@ def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
 
 
 def _latest_known(
-    rows: pa.Table, plain: _Plain, kept: pa.Table, current: pa.Array, lacking: np.ndarray, name: str
+    rows: pa.Table,
+    plain: _Plain,
+    deletes: np.ndarray,
+    kept_keys: dict[str, pa.Array],
+    current: pa.Array,
+    lacking: np.ndarray,
+    name: str,
 ) -> tuple[pa.Array, np.ndarray]:
-    """Column `name` of the upserts (`kept`: each its key's last change; `current`: their
-    values) where the `lacking` ones (an unchanged TOAST value) take the key's latest value
-    in the batch: that of its last earlier insert or update that carried one, unless a delete
-    came after it (null then, as the general fold has it; from the server, an insert comes
+    """Column `name` of the upserts (`kept_keys`: their keys, each its key's last change;
+    `current`: their values; `deletes`: which of the batch's rows are deletes) where the
+    `lacking` ones (an unchanged TOAST value) take the key's latest value in the batch: that
+    of its last earlier insert or update that carried one, unless a delete came after it (null then, as the general fold has it; from the server, an insert comes
     in between, which carries every value). And which upserts the batch holds no value for,
     nor deleted: the target's current row has it."""
     keys = plain.shape.key_names
     names = [f"k{i}" for i in range(len(keys))]
     values, absent = _sparse_columns(rows.column("after"), (name,))
-    deletes = pc.equal(rows.column("op"), "delete").to_numpy(zero_copy_only=False)
     known = ~absent.get(name, np.zeros(rows.num_rows, dtype=bool))
     carried = pa.array(np.flatnonzero(known | deletes))  # a delete: none known after it
     carriers = pa.table(
@@ -210,8 +218,6 @@ def _latest_known(
     )
     latest = carriers.group_by(names, use_threads=False).aggregate([(_INDEX, "max")])
     wanted = np.flatnonzero(lacking)
-    kept_keys = _columns(kept.column("key"), keys)
-    assert kept_keys is not None  # `_plain` read every row's key so
     asked = pa.table(
         {
             **{n: kept_keys[k].take(pa.array(wanted)) for n, k in zip(names, keys, strict=True)},

@@ -214,6 +214,9 @@ class Heartbeat:
 
 # --------------------------------------------------------------------------- the pipeline
 
+#: How many of a step's slowest batches the report shows.
+SLOWEST = 3
+
 
 @dataclass(slots=True)
 class Batch:
@@ -586,7 +589,8 @@ def check_target(
     current = ' WHERE "__END_AT" IS NULL' if mode == "history" else ""
     rows = delta_query(path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
     if rows <= exact_rows:
-        target = DeltaTarget(str(path), mode, app_id=f"pgcdc:{NAME}").to_arrow()
+        kind = "history" if mode == "history" else "mirror"
+        target = DeltaTarget(str(path), kind, app_id=f"pgcdc:{NAME}").to_arrow()
         compare = compare_history if mode == "history" else compare_mirror
         verdict = compare(db.dsn, table, target)
         return verdict.equal, f"{verdict} ({mode}, row by row)"
@@ -658,6 +662,8 @@ class StepResult:
     server_cpu: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     batch_seconds: float = 0.0
+    #: The step's slowest batches (what makes the latency's tail): seconds, changes, phases.
+    slowest: list[dict[str, Any]] = field(default_factory=list)
     change_bytes: int = 0
     wal_bytes: int = 0
     lake: dict[str, int] = field(default_factory=dict)
@@ -821,6 +827,10 @@ class Bench:
         for batch in batches:
             for phase, value in batch.phases.items():
                 result.phases[phase] = result.phases.get(phase, 0.0) + value
+        result.slowest = [
+            {"seconds": b.seconds, "changes": b.changes, "phases": b.phases}
+            for b in sorted(batches, key=lambda b: b.seconds, reverse=True)[:SLOWEST]
+        ]
         visible = next((b.at for b in batches if b.last_commit and b.last_commit >= marker), None)
         result.drain = 0.0 if visible is None else max(0.0, visible - ended)
         result.recv_drain = 0.0 if recv_at is None else max(0.0, recv_at - ended)
@@ -1135,6 +1145,12 @@ def print_summary(results: list[StepResult]) -> None:
             f"{max(0.0, window - r.batch_seconds):>6.1f} "
             + " ".join(f"{r.phases.get(p, 0.0):>7.2f}" for p in phases).rstrip()
         )
+    print(f"\nthe {SLOWEST} slowest batches of each step (seconds; phases as above)")
+    for r in results:
+        asked = "pgbench" if r.rate is None else f"{r.rate:,.0f}/s"
+        for b in r.slowest:
+            spent = ", ".join(f"{k} {v:.2f}" for k, v in b["phases"].items() if v >= 0.005)
+            print(f"{asked:>11} {b['seconds']:6.2f} s, {b['changes']:>7,} changes: {spent}")
 
 
 # --------------------------------------------------------------------------- main

@@ -638,6 +638,30 @@ def test_maintenance_purges_compacts_collects_and_checkpoints(tmp_path: Path) ->
     oracle.check(fresh=True)
 
 
+def test_small_files_with_deleted_rows_are_compacted_not_purged(tmp_path: Path) -> None:
+    """Under updates of hot keys the batches' small files have rows deleted too: they are
+    rewritten once, by the compaction, not purged one by one first (a purge writes each
+    again as a small file, for the compaction to rewrite once more)."""
+    oracle = Oracle(tmp_path / "t", 6000, 11)
+    (base,) = oracle.mor.state.adds
+    for _ in range(12):
+        oracle.our_batch(300, 0, 0)
+    adds = oracle.mor.state.adds
+    small_bytes = max(a["size"] for p, a in adds.items() if p != base) + 1  # the batches'
+
+    def deleted(path: str) -> int:
+        dv = adds[path].get("deletionVector")
+        return int(dv["cardinality"]) if dv else 0
+
+    small = [p for p in adds if adds[p]["size"] < small_bytes]
+    assert len([p for p in small if deleted(p) >= 0.3 * oracle.mor.num_records(p)]) >= 3
+    assert deleted(base) >= 0.3 * oracle.mor.num_records(base)
+    policy = MaintenancePolicy(small_file_bytes=small_bytes, compact_min_files=4)
+    report = maintain_deletion_vectors(oracle.mor, policy)
+    assert (report.purged_files, report.compacted_files, report.commits) == (1, len(small), 2)
+    oracle.check(fresh=True)
+
+
 def test_full_vacuum_would_break_the_table_maintenance_never_calls_it(tmp_path: Path) -> None:
     # the trap this package works around (a delta-rs bug): kept as a test so that a delta-rs
     # that fixes it is noticed

@@ -202,9 +202,10 @@ def _latest_known(
     """Column `name` of the upserts (`kept_keys`: their keys, each its key's last change;
     `current`: their values; `deletes`: which of the batch's rows are deletes) where the
     `lacking` ones (an unchanged TOAST value) take the key's latest value in the batch: that
-    of its last earlier insert or update that carried one, unless a delete came after it (null then, as the general fold has it; from the server, an insert comes
-    in between, which carries every value). And which upserts the batch holds no value for,
-    nor deleted: the target's current row has it."""
+    of its last earlier insert or update that carried one, unless a delete came after it
+    (null then, as the general fold has it; from the server, an insert comes in between,
+    which carries every value). And which upserts the batch holds no value for, nor deleted:
+    the target's current row has it."""
     keys = plain.shape.key_names
     names = [f"k{i}" for i in range(len(keys))]
     values, absent = _sparse_columns(rows.column("after"), (name,))

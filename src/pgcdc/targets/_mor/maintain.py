@@ -1,11 +1,13 @@
 """Keeping a merge-on-read table near its live size, between batches.
 
-* purge: files with at least `purge_fraction` of their rows deleted are rewritten without
-  them, in their row order (one commit, ``dataChange: false``);
+* purge: files of at least `small_file_bytes` with at least `purge_fraction` of their rows
+  deleted are rewritten without them, in their row order (one commit, ``dataChange: false``);
 * compaction: files smaller than `small_file_bytes` (the batches' appends), once there are
-  `compact_min_files` of them, rewritten together in files of about `target_file_bytes`
-  (delta-rs's `optimize.compact` would rewrite every file below its target size, the
-  clustered base files included);
+  `compact_min_files` of them, rewritten together (without their deleted rows) in files of
+  about `target_file_bytes` (delta-rs's `optimize.compact` would rewrite every file below its
+  target size, the clustered base files included). A small file is left to compaction, not
+  purged on its own: under updates of hot keys most of them have rows deleted, and a purge
+  would write each again as a small file for the compaction to rewrite once more;
 * lite vacuum (`vacuum()`, retention from ``delta.deletedFileRetentionDuration``): it
   deletes the data files of expired removes, never DV files. Never ``vacuum(full=True)``
   on a DV table: delta-rs then deletes the DV files live files use (the table breaks);
@@ -74,7 +76,11 @@ def maintain_deletion_vectors(
     purged = []
     for path, add in table.state.adds.items():
         dv = add.get("deletionVector")
-        if dv and int(dv["cardinality"]) >= policy.purge_fraction * table.num_records(path):
+        if (
+            dv
+            and add["size"] >= policy.small_file_bytes
+            and int(dv["cardinality"]) >= policy.purge_fraction * table.num_records(path)
+        ):
             purged.append([path])
     if purged:
         report.purge_bytes = rewrite(table, purged, "purge")

@@ -202,3 +202,46 @@ def test_targets_given_by_uri(spark: Any, pg: Database, tmp_path: Path) -> None:
     assert_identical(pg, config)
     assert (tmp_path / "lake" / "public.u" / "_delta_log").is_dir()
     assert (tmp_path / "state" / "tables.json").exists()
+
+
+def test_targets_the_driver_applies_batches_to_are_maintained_between_them(
+    spark: Any, pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver maintains the targets of the batches it applies itself while it waits for
+    the next batch, or, when none waits, with one pass after a batch: each target still gets
+    its passes, one target at a time."""
+    import pgcdc.targets._merge_on_read as merge_on_read
+    import pgcdc.targets.delta as delta
+
+    passes: list[str] = []
+    original = merge_on_read.maintain_deletion_vectors
+
+    def counted(table: Any, policy: Any = None) -> Any:
+        passes.append(table.uri)
+        return original(table, policy)
+
+    monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 3)
+    monkeypatch.setattr(merge_on_read, "maintain_deletion_vectors", counted)
+    slot, publication = unique("maint"), unique("pub")
+    pg.execute(
+        "CREATE TABLE m (id int PRIMARY KEY, v int); "
+        "INSERT INTO m SELECT g, 0 FROM generate_series(1, 50) g; "
+        f"CREATE PUBLICATION {publication} FOR TABLE m"
+    )
+    pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    try:
+        for i in range(15):  # a transaction of 10 changes a batch: 15 batches
+            pg.execute(f"UPDATE m SET v = {i + 1} WHERE id % 5 = {i % 5}")
+        tables = {"public.m": ["mirror", "history"]}
+        config = pipeline_config(
+            pg, slot, publication, tmp_path / "lake", tables, max_changes_per_batch=10
+        )
+        pipeline = run_pipeline(spark, config)
+        assert pipeline.stats.batches == 15
+        assert_identical(pg, config)
+        for mode in ("public.m", "public.m__history"):
+            made = [p for p in passes if p.rstrip("/").endswith(mode)]
+            assert len(made) >= 3, (mode, passes)  # due every 3 versions of 15 and more
+    finally:
+        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg.execute(f"DROP PUBLICATION {publication}; DROP TABLE m")

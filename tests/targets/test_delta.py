@@ -404,6 +404,33 @@ def test_a_refused_batch_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("deletion_vectors", [False, True])
+def test_a_maintenance_pass_not_asked_for_at_its_version_comes_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletion_vectors: bool
+) -> None:
+    """The driver maintains between batches, whenever it waits: a pass due at a version
+    the table has passed by then still runs (once), and the next one comes as many
+    versions later."""
+    import pgcdc.targets.delta as delta
+
+    monkeypatch.setattr(delta, "COMPACT_EVERY", 10)
+    monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 10)
+    properties = {"delta.enableDeletionVectors": str(deletion_vectors).lower()}
+    t = target(tmp_path, "mirror", properties=properties)
+    lsn = 0x100
+    for i in range(3):  # versions 1..3: none due
+        t.apply(envelope(txn(lsn := lsn + 0x100, insert(REL, id=i, name="n"))))
+        assert not t.maintain()
+    for i in range(3, 12):  # past version 10, nobody asking
+        t.apply(envelope(txn(lsn := lsn + 0x100, insert(REL, id=i, name="n"))))
+    assert t.maintain()  # the pass due at 10
+    assert not t.maintain()
+    for i in range(12, 20):
+        t.apply(envelope(txn(lsn := lsn + 0x100, insert(REL, id=i, name="n"))))
+        assert not t.maintain()  # the next one is due 10 versions after the last
+    assert sorted(r[0] for r in rows(t.to_arrow())) == list(range(20))
+
+
+@pytest.mark.parametrize("deletion_vectors", [False, True])
 def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletion_vectors: bool
 ) -> None:

@@ -16,7 +16,13 @@ from pgcdc.monitoring import BatchLog, BatchRecord, PipelineMetrics
 from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
 from pgcdc.pipeline._online import OnlineCopies
 from pgcdc.pipeline._tables import FollowedTables
-from pgcdc.pipeline._work import TableOutcome, TableWork, apply_tables, group_work
+from pgcdc.pipeline._work import (
+    TableOutcome,
+    TableWork,
+    apply_tables,
+    group_work,
+    maintain_open,
+)
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.protocol import Decoder, Lsn, Relation
 from pgcdc.spool._session import Spooler
@@ -106,6 +112,8 @@ class BatchApplier:
         #: The gauges to keep, while the pipeline serves metrics.
         self.metrics: PipelineMetrics | None = None
         self._relations: dict[bytes, Relation] = {}
+        #: Seconds of maintenance between batches since the last batch's report.
+        self._maintained = 0.0
 
     def _relation(self, encoded: bytes) -> Relation:
         relation = self._relations.get(encoded)
@@ -161,6 +169,8 @@ class BatchApplier:
             return [], "inline"
         small = sum(w.changes for w in works) <= self.config.inline_max_changes
         dispatcher = self._inline if small else self._dispatcher()
+        if small:  # its targets are maintained between batches (`maintain_between`)
+            works = [replace(w, maintain=False) for w in works]
         if not dispatcher.same_host:
             works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
         groups = group_work(works, dispatcher.parallelism)
@@ -169,6 +179,16 @@ class BatchApplier:
         except DispatchError as exc:
             raise PipelineFailed(str(exc)) from None
         return [outcome for result in results for outcome in result], ("inline" if small else "job")
+
+    def maintain_between(self) -> bool:
+        """One maintenance pass of a target the driver keeps open, if one is due (called
+        while the driver waits for the next batch: a pass after a batch would hold back
+        the next one, and passes of several targets often fall due in the same batch);
+        whether one ran."""
+        started = time.monotonic()
+        ran = maintain_open()
+        self._maintained += time.monotonic() - started
+        return ran
 
     def apply(self, batch_id: int, spooler: Spooler, start: Lsn, end: Lsn) -> BatchReport:
         """Apply the spooled transactions ending in (start, end] to every target."""
@@ -179,6 +199,8 @@ class BatchApplier:
         planned = time.monotonic()
         outcomes, how = self.run_tasks(works)
         phases = {"plan": planned - started, how: time.monotonic() - planned}
+        if self._maintained:  # between the last batch and this one
+            phases["maintain"], self._maintained = self._maintained, 0.0
         for outcome in outcomes:
             for phase, seconds in outcome.phases.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds

@@ -510,10 +510,12 @@ class Pipeline:
             if end == applied:
                 if target is not None and spooler.reached(target, after=applied):
                     return  # caught up
-                spooler.wait_for_more(applied, timeout=0.5)
+                if not self.batches.maintain_between():
+                    spooler.wait_for_more(applied, timeout=0.5)
                 continue
             if now < next_batch:  # at most one batch start per interval
-                self._stopping.wait(next_batch - now)
+                if not self.batches.maintain_between():
+                    self._stopping.wait(next_batch - now)
                 continue
             # a batch cut by a limit leaves a backlog: the next one starts at once
             next_batch = now + interval if changes >= pending else 0.0
@@ -524,6 +526,8 @@ class Pipeline:
             batch_id += 1
             spooler.confirm(end)
             applied = end
+            if time.monotonic() >= next_batch:  # no wait before the next batch to maintain
+                self.batches.maintain_between()  # in: one pass now, if one is due
 
     def watch_lag(self, applied: Lsn, every: float = 2.0) -> LagReport | None:
         """At most every `every` seconds: how far behind the pipeline is (now minus the

@@ -47,6 +47,7 @@ __all__ = [
     "apply_tables",
     "forget_open_targets",
     "group_work",
+    "maintain_open",
     "warm_up",
 ]
 
@@ -75,6 +76,9 @@ class TableWork:
     #: The pending log's storage options (its targets' own are in their specs).
     storage_options: Mapping[str, str] | None = None
     changes: int = 0
+    #: Maintain the targets after applying (a Spark task); False: the driver, which applies
+    #: the batch itself, maintains its open targets between batches (`maintain_open`).
+    maintain: bool = True
 
 
 @dataclass(slots=True)
@@ -151,6 +155,29 @@ def forget_open_targets() -> None:
     _OPEN.clear()
 
 
+def maintain_open() -> bool:
+    """One maintenance pass over a target open in this process that is due for one (the
+    driver, between the batches it applies itself: at most one pass per call, so passes
+    that fall due together are spread over the waits of several batches); whether one ran.
+    The targets are asked in turn, from the one after the last that ran. A pass that fails
+    is logged, and its target opened anew by the next batch (which then says what fails)."""
+    keys = list(_OPEN)
+    for i, key in enumerate(keys):
+        target = _OPEN[key]
+        try:
+            ran = target.maintain()
+        except Exception as exc:  # (maintenance is not needed for correctness)
+            log.warning("maintenance of %s failed: %s", target, exc)
+            _OPEN.pop(key, None)
+            ran = True
+        if ran:
+            for done in keys[: i + 1]:  # asked last next time
+                if done in _OPEN:
+                    _OPEN[done] = _OPEN.pop(done)
+            return True
+    return False
+
+
 def _apply(work: TableWork) -> TableOutcome:
     started = time.monotonic()
     rows = pa.Table.from_batches(list(read_envelope(work.ranges)), schema=ENVELOPE_ARROW_SCHEMA)
@@ -174,7 +201,8 @@ def _apply(work: TableWork) -> TableOutcome:
                 target = _target(work, spec, registry)
                 result = target.apply(rows)
                 maintained = time.monotonic()
-                target.maintain()
+                if work.maintain:
+                    target.maintain()
                 outcome.applied[f"{work.table} {spec.mode}"] = result.applied
                 outcome.skipped += result.skipped
                 outcome.phases["fold"] += result.fold_seconds

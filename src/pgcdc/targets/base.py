@@ -173,8 +173,9 @@ class Target(ABC):
         """The target's watermark, rows and last commit, read from its metadata."""
 
     @abstractmethod
-    def maintain(self) -> None:
-        """Keep the table cheap to read as it grows (called after each batch's commit)."""
+    def maintain(self) -> bool:
+        """Keep the table cheap to read as it grows (called after a batch's commit, or
+        between batches); whether a pass ran."""
 
 
 def open_target(

@@ -163,6 +163,8 @@ class DeltaTarget(Target):
         self.properties = properties
         self.io = TableIO(self.path, mode, storage_options, properties)
         self._next_vacuum = time.monotonic() + VACUUM_SECONDS
+        #: Per kind of maintenance, the version of its last pass (None: not known yet).
+        self._passes: dict[str, int] = {}
         self.writer = Reconciler(self.io, mode)
 
     def __repr__(self) -> str:
@@ -539,32 +541,49 @@ class DeltaTarget(Target):
             at = datetime.fromtimestamp(last[0]["timestamp"] / 1000, UTC)
         return TargetState(True, table.transaction_version(self.app_id), rows, table.version(), at)
 
-    def maintain(self) -> None:
-        """Keeps the lake near its live size, cheaply (called after each batch): every
-        `COMPACT_EVERY` versions the small files of many commits (appended rows, a MERGE's
-        rewritten files) are compacted into files of the target size when there are many;
-        every `VACUUM_EVERY` versions, or `VACUUM_SECONDS` after the last vacuum of this
-        process, the files removed longer ago than the table's
+    def maintain(self) -> bool:
+        """Keeps the lake near its live size, cheaply (called after a batch, or between
+        batches): every `COMPACT_EVERY` versions the small files of many commits (appended
+        rows, a MERGE's rewritten files) are compacted into files of the target size when
+        there are many; every `VACUUM_EVERY` versions, or `VACUUM_SECONDS` after the last
+        vacuum of this process, the files removed longer ago than the table's
         ``delta.deletedFileRetentionDuration`` are deleted. delta-rs checkpoints the log
         itself (every ``delta.checkpointInterval`` commits) and drops expired log entries.
         A table written with deletion vectors is kept by their own policy instead, every
         `MERGE_ON_READ_EVERY` versions (`pgcdc.targets._mor.maintain`: files with many rows
         deleted rewritten, small files compacted, unreferenced files collected, vacuum,
-        checkpoints)."""
+        checkpoints). "Every N versions": once N versions have passed since the last
+        multiple of N this process saw, so a pass that comes later still comes. Whether a
+        pass ran."""
         table = self.io.open()
         if table is None:
-            return
+            return False
         version = table.version()
         if self.writer.mor.active(table):
-            if version and version % MERGE_ON_READ_EVERY == 0:
+            if self._due("mor", version, MERGE_ON_READ_EVERY):
                 self.writer.mor.maintain(table)
-            return
+                return True
+            return False
         now = time.monotonic()
-        if version and version % COMPACT_EVERY == 0:
+        compact = self._due("compact", version, COMPACT_EVERY)
+        if compact:
             self._compact(table)
-        if (version and version % VACUUM_EVERY == 0) or now >= self._next_vacuum:
+        vacuum = self._due("vacuum", version, VACUUM_EVERY) or now >= self._next_vacuum
+        if vacuum:
             table.vacuum(retention_hours=None, dry_run=False, enforce_retention_duration=True)
             self._next_vacuum = now + VACUUM_SECONDS
+        return compact or vacuum
+
+    def _due(self, kind: str, version: int, every: int) -> bool:
+        """Whether `every` versions have passed since the last pass of `kind` (then it is
+        counted as made now); the first time, since the multiple of `every` before."""
+        if not version:
+            return False
+        last = self._passes.setdefault(kind, (version - 1) // every * every)
+        if version - last < every:
+            return False
+        self._passes[kind] = version
+        return True
 
     def _compact(self, table: DeltaTable) -> None:
         size = int(self.io.properties["delta.targetFileSize"])

@@ -69,7 +69,8 @@ class BatchRecord:
     #: Where the batch's time went, in seconds: "plan" (the driver), "apply" (wall, until
     #: every table's work returned: "inline" when the driver applied the batch itself, "job"
     #: for a Spark job), and summed over the tables: "read" (spool to envelope), "fold"
-    #: (folding, typing), "write" (MERGE or append and its commit), "maintain".
+    #: (folding, typing), "write" (MERGE or append and its commit), "maintain" (in a job's
+    #: tasks; for batches the driver applies, its passes between the last batch and this).
     phases: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -90,3 +90,23 @@ def test_a_drop_and_add_of_the_same_name_and_type_is_placed_by_the_transactions(
     assert resolve_attnums(message, wrapped, previous, xid=2**32 - 11) == (1, 2, 3)
     # no xid known (a catalog without them): the fewest changes, as before
     assert resolve_attnums(message, catalog, previous) == (1, 2, 3)
+
+
+def test_a_column_dropped_and_added_again_in_another_type_is_placed_by_the_transactions() -> None:
+    """The failed run's story (failover-18-36): ``ADD e12 int`` (attnum 10), a message with
+    it (transaction 150), then ``DROP e12`` (200) and ``ADD e12 bigint`` (attnum 11, 300),
+    read from a backlog with the catalog of after. Attnum 11 has the message's name (but not
+    its type), attnum 10 is dropped and says nothing: the transactions must tell. Column 10's
+    xmin is its drop: after the message, so the message holds it; column 11 came later."""
+    previous = [(1, ("k", INT, -1)), (4, ("v", TEXT, -1)), (9, ("e10", INT, -1))]
+    catalog = [att(1, "k"), att(4, "v", TEXT), att(9, "e10")]
+    catalog += [att(10, "", dropped=True, xmin=200), att(11, "e12", BIGINT, xmin=300)]
+    before = msg(("k", INT), ("v", TEXT), ("e10", INT), ("e12", INT))
+    assert resolve_attnums(before, catalog, previous, xid=150) == (1, 4, 9, 10)
+    # the message after both (its own type): the new column
+    after = msg(("k", INT), ("v", TEXT), ("e10", INT), ("e12", BIGINT))
+    last = [*previous, (10, ("e12", INT, -1))]
+    assert resolve_attnums(after, catalog, last, xid=301) == (1, 4, 9, 11)
+    assert resolve_attnums(after, catalog, previous, xid=301) == (1, 4, 9, 11)
+    # with no xids known, the names decide as before (the fewest changes)
+    assert resolve_attnums(before, catalog, previous) == (1, 4, 9, 11)

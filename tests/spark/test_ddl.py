@@ -268,6 +268,32 @@ def test_a_slot_behind_its_targets_sends_ddl_they_hold_again(
             pg.execute(f"SELECT pg_drop_replication_slot('{behind}')")
 
 
+def test_a_column_dropped_and_added_again_in_another_type_in_a_backlog(
+    spark: Any, pg: Database, tmp_path: Path
+) -> None:
+    """``ADD e int`` and a change with it, then ``DROP e; ADD e bigint`` with a volatile
+    default (each row its own value) and a change, all read later as one backlog, with the
+    catalog of after: the first message's ``e`` is the column now dropped, not the new one
+    of its name (whose values, read as the first message's type, would mostly not fit)."""
+    slot, config = _pipeline(
+        pg,
+        tmp_path,
+        "CREATE TABLE x (id int PRIMARY KEY, v int)",
+        "INSERT INTO x SELECT g, g FROM generate_series(1, 30) g",
+    )
+    with _dropped_after(pg, slot, "x"):
+        run_pipeline(spark, config)
+        pg.execute("ALTER TABLE x ADD COLUMN e int DEFAULT 5")
+        pg.execute("UPDATE x SET v = -v WHERE id % 3 = 0")
+        pg.execute(
+            "ALTER TABLE x DROP COLUMN e; "
+            "ALTER TABLE x ADD COLUMN e bigint DEFAULT (random() * 1e12)::bigint"
+        )
+        pg.execute("UPDATE x SET v = 0 WHERE id % 5 = 0")
+        run_pipeline(spark, config)
+        _assert_equal(pg, config, "x", "the backlog")
+
+
 def test_an_identity_index_a_schema_move_constraints_and_rewrites(
     spark: Any, pg: Database, tmp_path: Path
 ) -> None:

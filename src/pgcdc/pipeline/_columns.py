@@ -16,19 +16,24 @@ resolved: attnums are never reused (a new column takes a higher one than any the
 and a dropped column never comes back, so the message's columns are the previous version's
 columns but the ones dropped since, followed by ones added since; the catalog says which were
 dropped and added by now, and of the ways to read the message it picks the one whose names
-and types agree most with the catalog's and the previous version's (then the one with the
-fewest columns dropped and the earliest added: the message came before the later DDL). A
-relation seen for the first time with a catalog already past it is matched by name (the only
-guess there is; 0 where even that fails).
+and types agree most with the catalog's and the previous version's, and with the order of the
+transactions (below; then the one with the fewest columns dropped and the earliest added:
+the message came before the later DDL). A relation seen for the first time with a catalog
+already past it is matched by name (the only guess there is; 0 where even that fails).
 
-Where the names and types cannot tell (``DROP c; ADD c`` of the same type, a message of the
-backlog: before the DDL, or after it?), the transactions do. A column's ``pg_attribute`` row
-carries the xid of the transaction that last wrote it (``xmin``: the one that added the column,
-or dropped it), and a message comes in a transaction whose xid the stream gives. DDL holds an
-ACCESS EXCLUSIVE lock on the table until it commits, so a transaction that changed the table's
-rows either committed before the DDL took the lock or wrote them after it committed: the
-message is read as after the DDL when its transaction is the DDL's own or a later one (an xid
-that follows the DDL's was taken while the DDL held the table), and as before it otherwise.
+Names and types alone can mislead (``DROP c; ADD c`` of the same type, a message of the
+backlog: before the DDL, or after it? ``DROP c; ADD c`` of another type: the new column has
+the message's name, the old one, dropped, none), the transactions tell. A column's
+``pg_attribute`` row carries the xid of the transaction that last wrote it (``xmin``: the one
+that added the column, or dropped it), and a message comes in a transaction whose xid the
+stream gives: a reading counts one point for each column it places on the side of the
+message its transaction says (added before it, or dropped before it; a column dropped now is
+in the message when its drop came after), one against each it places on the other side,
+weighed with the names' agreement. DDL holds an ACCESS EXCLUSIVE lock on the table until it
+commits, so a transaction that changed the table's rows either committed before the DDL took
+the lock or wrote them after it committed: the message is read as after the DDL when its
+transaction is the DDL's own or a later one (an xid that follows the DDL's was taken while
+the DDL held the table), and as before it otherwise.
 (A transaction that took its xid before the DDL, by writing another table, and wrote this one
 only after the DDL committed, is read as before it: the rare case the rule gets wrong.)
 
@@ -113,7 +118,7 @@ def _forward(
     xid: int | None = None,
 ) -> tuple[int, ...] | None:
     """The previous version's columns without some dropped since, then some added since:
-    the reading that agrees most with the catalog's names and types, then with the order of
+    the reading that agrees most with the catalog's names and types and with the order of
     the transactions (see the module docstring; None: no reading fits)."""
     attribute = {a.attnum: a for a in catalog}
     was = dict(previous)
@@ -138,13 +143,21 @@ def _forward(
                     _agreement(attribute.get(n), c) + _continuity(was.get(n), c)
                     for n, c in zip(reading, message, strict=True)
                 )
+                # a newer column's xmin is its ADD (its last change), or its DROP when it
+                # is dropped now: a dropped one is in the message when its drop came after
                 order = sum(_in_order(_xmin(attribute, n), xid, n in dropped) for n in gone) + sum(
-                    _in_order(_xmin(attribute, n), xid, n in added) for n in newer
+                    _in_order(_xmin(attribute, n), xid, (n in added) != _dropped(attribute, n))
+                    for n in newer
                 )
-                rank = (score, order, -dropped_count, -sum(added), reading)
+                rank = (score + order, order, -dropped_count, -sum(added), reading)
                 if best is None or rank[:4] > best[:4]:
                     best = rank
     return None if best is None else best[4]
+
+
+def _dropped(attributes: dict[int, Attribute], attnum: int) -> bool:
+    found = attributes.get(attnum)
+    return found is not None and found.dropped
 
 
 def _xmin(attributes: dict[int, Attribute], attnum: int) -> int:

@@ -284,9 +284,7 @@ class Spool:
             and (identify is None or not identify.rereads(relation.relid, self._commit_lsn))
         ):
             return known[1]
-        attnums = (
-            () if self.identify is None else self.identify(relation, self._xid, self._commit_lsn)
-        )
+        attnums = () if identify is None else identify(relation, self._xid, self._commit_lsn)
         encoded = encode(replace(relation, xid=None))  # not a stream block's
         versions = self._versions.setdefault(relation.relid, [])
         if known is not None and versions[known[1]] == (encoded, attnums):

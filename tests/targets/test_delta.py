@@ -429,6 +429,12 @@ def test_a_maintenance_pass_not_asked_for_at_its_version_comes_later(
         assert not t.maintain()  # the next one is due 10 versions after the last
     assert sorted(r[0] for r in rows(t.to_arrow())) == list(range(20))
 
+    def unread() -> None:
+        raise AssertionError("the log is read although no pass can be due")
+
+    monkeypatch.setattr(t.io, "open", unread)  # asked often between batches: no I/O
+    assert not t.maintain()
+
 
 @pytest.mark.parametrize("deletion_vectors", [False, True])
 def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(

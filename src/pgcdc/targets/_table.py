@@ -84,6 +84,11 @@ class TableIO:
             table.alter.set_table_properties(changed, raise_if_not_exists=False)
         return table
 
+    @property
+    def cached(self) -> DeltaTable | None:
+        """The table as last read, its log not read on (None before the first read)."""
+        return self._table
+
     def load(self) -> DeltaTable:
         """The table read anew."""
         self._table = DeltaTable(self.path, storage_options=self.storage_options)

@@ -163,7 +163,7 @@ class DeltaTarget(Target):
         self.properties = properties
         self.io = TableIO(self.path, mode, storage_options, properties)
         self._next_vacuum = time.monotonic() + VACUUM_SECONDS
-        #: Per kind of maintenance, the version of its last pass (None: not known yet).
+        #: Per kind of maintenance, the version of its last pass (or the one it counts from).
         self._passes: dict[str, int] = {}
         self.writer = Reconciler(self.io, mode)
 
@@ -554,7 +554,11 @@ class DeltaTarget(Target):
         deleted rewritten, small files compacted, unreferenced files collected, vacuum,
         checkpoints). "Every N versions": once N versions have passed since the last
         multiple of N this process saw, so a pass that comes later still comes. Whether a
-        pass ran."""
+        pass ran. When none can be due yet, nothing is read (the driver asks often: on an
+        object store, reading on the log is a listing)."""
+        cached = self.io.cached
+        if cached is not None and not self._may_be_due(cached):
+            return False
         table = self.io.open()
         if table is None:
             return False
@@ -574,13 +578,28 @@ class DeltaTarget(Target):
             self._next_vacuum = now + VACUUM_SECONDS
         return compact or vacuum
 
-    def _due(self, kind: str, version: int, every: int) -> bool:
-        """Whether `every` versions have passed since the last pass of `kind` (then it is
-        counted as made now); the first time, since the multiple of `every` before."""
+    def _may_be_due(self, table: DeltaTable) -> bool:
+        """Whether a pass may be due, by the table as last read (no I/O)."""
+        version = table.version()
+        if self.writer.mor.active(table):
+            return self._passed("mor", version, MERGE_ON_READ_EVERY)
+        return (
+            time.monotonic() >= self._next_vacuum
+            or self._passed("compact", version, COMPACT_EVERY)
+            or self._passed("vacuum", version, VACUUM_EVERY)
+        )
+
+    def _passed(self, kind: str, version: int, every: int) -> bool:
+        """Whether `every` versions have passed since the last pass of `kind`; counted, the
+        first time asked, from the multiple of `every` before."""
         if not version:
             return False
         last = self._passes.setdefault(kind, (version - 1) // every * every)
-        if version - last < every:
+        return version - last >= every
+
+    def _due(self, kind: str, version: int, every: int) -> bool:
+        """`_passed`, and then the pass counted as made now."""
+        if not self._passed(kind, version, every):
             return False
         self._passes[kind] = version
         return True

@@ -418,7 +418,9 @@ class Pipeline:
                 "watermark cannot be streamed from it; set recover_lost_slot = true in "
                 "[source] to copy the tables under a new slot and reconcile the targets"
             )
-        self.lineage.streaming(config.slot, identity.systemid, identity.timeline)
+        self.lineage.streaming(
+            config.slot, identity.systemid, identity.timeline, slot.confirmed_flush_lsn
+        )
         before = stream.before_status
 
         def record() -> None:

@@ -56,12 +56,20 @@ class SlotLineage:
             self._load()
             self._save(SlotRecord(slot, system, timeline, Lsn(point)))
 
-    def streaming(self, slot: str, system: str | None, timeline: int | None) -> None:
+    def streaming(
+        self, slot: str, system: str | None, timeline: int | None, found: Lsn | None = None
+    ) -> None:
         """A session streams from `slot` on `system`, `timeline` (after a failover to a
-        standby whose copy of the slot was synchronized: another timeline)."""
+        standby whose copy of the slot was synchronized: another timeline); `found`: where
+        the slot is confirmed now, the record's position when there is none for `slot` yet
+        (a slot the pipeline did not create is taken as it is: a crash before the first
+        status update must not make it look moved by someone else)."""
         with self._lock:
             record = self._load()
-            confirmed = Lsn(0) if record is None or record.slot != slot else record.confirmed
+            if record is None or record.slot != slot:
+                confirmed = found or Lsn(0)
+            else:
+                confirmed = record.confirmed
             new = SlotRecord(slot, system, timeline, confirmed)
             if new != record:
                 self._save(new)

@@ -1,6 +1,6 @@
 """A batch of spooled transactions applied to every target: one `TableWork` per table with
-changes (its column types resolved on the driver), run by the driver itself when the batch is
-small, else by a Spark job; a table whose changes fail under ``on_error = "quarantine"`` is
+changes (its column types resolved on the driver), run by the driver itself unless a large
+backlog waits, else by a Spark job; a table whose changes fail under ``on_error = "quarantine"`` is
 set aside; the batch's line goes to the batch log and the metrics.
 """
 
@@ -29,25 +29,26 @@ from pgcdc.spool._session import Spooler
 from pgcdc.spool._spool import SpoolRange, load_ranges
 from pgcdc.types.catalog import TypeCatalog
 
-__all__ = ["JOB_BACKLOG", "BatchApplier", "BatchReport", "PipelineStats", "batch_limit"]
-
-#: A backlog of more than this many times ``inline_max_changes`` goes to Spark jobs in batches
-#: as large as ``max_changes_per_batch``; a smaller one is cut into batches the driver applies.
-JOB_BACKLOG = 20
+__all__ = ["BatchApplier", "BatchReport", "PipelineStats", "batch_bounds"]
 
 
-def batch_limit(pending: int, inline_max_changes: int, max_changes: int | None) -> int | None:
-    """The most changes the next batch may hold, given the changes waiting (`pending`).
+def batch_bounds(
+    pending: int, inline_max_changes: int, max_changes: int | None
+) -> tuple[int | None, bool]:
+    """The most changes the next batch may hold, given the changes waiting (`pending`), and
+    whether the driver applies it (else a Spark job).
 
     The driver keeps its targets open between batches, a Spark job's tasks open theirs anew
-    in each worker (the first job of a run starts the workers too): under a live load, a
-    batch that grew past ``inline_max_changes`` (one slow batch is enough) would be slower in
-    a job, and the next batch larger still. So a backlog of up to `JOB_BACKLOG` batches the
-    driver can take is cut into such batches; only a larger one (a run starting behind, a
-    load beyond what the driver keeps up with) goes to jobs."""
-    if pending > JOB_BACKLOG * inline_max_changes:
-        return max_changes
-    return inline_max_changes if max_changes is None else min(max_changes, inline_max_changes)
+    in each worker (the first job of a run starts the workers too). So whatever waits, up to
+    ``inline_max_changes``, is one batch the driver applies: under a live load a slow batch
+    is followed by a larger one, cheaper per change, and still the driver's. A larger backlog
+    (a run starting behind, a burst) goes to Spark jobs, in batches up to
+    ``max_changes_per_batch``: their tasks run in processes of their own, while the driver's
+    threads share one interpreter with the replication thread, busy receiving the backlog."""
+    if pending > inline_max_changes or not inline_max_changes:
+        return max_changes, False
+    limit = inline_max_changes if max_changes is None else min(max_changes, inline_max_changes)
+    return limit, True
 
 
 @dataclass(slots=True)
@@ -159,17 +160,15 @@ class BatchApplier:
             )
         return works
 
-    def run_tasks(self, works: list[TableWork]) -> tuple[list[TableOutcome], str]:
-        """The batch's tables applied: by the driver itself when the batch is small (a
-        Spark job's set-up would cost more), else by a Spark job; and which ("inline",
-        "job"). Tasks that do not run on this machine (a cluster's, a Spark Connect server's)
-        get the tables' changes read from the spool into their work: only the driver can read
-        it."""
+    def run_tasks(self, works: list[TableWork], by_driver: bool) -> tuple[list[TableOutcome], str]:
+        """The batch's tables applied: by the driver itself (`batch_bounds` says when),
+        else by a Spark job; and which ("inline", "job"). Tasks that do not run on this
+        machine (a cluster's, a Spark Connect server's) get the tables' changes read from
+        the spool into their work: only the driver can read it."""
         if not works:
             return [], "inline"
-        small = sum(w.changes for w in works) <= self.config.inline_max_changes
-        dispatcher = self._inline if small else self._dispatcher()
-        if small:  # its targets are maintained between batches (`maintain_between`)
+        dispatcher = self._inline if by_driver else self._dispatcher()
+        if by_driver:  # its targets are maintained between batches (`maintain_between`)
             works = [replace(w, maintain=False) for w in works]
         if not dispatcher.same_host:
             works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
@@ -178,7 +177,9 @@ class BatchApplier:
             results = dispatcher.map(apply_tables, groups)
         except DispatchError as exc:
             raise PipelineFailed(str(exc)) from None
-        return [outcome for result in results for outcome in result], ("inline" if small else "job")
+        return [outcome for result in results for outcome in result], (
+            "inline" if by_driver else "job"
+        )
 
     def maintain_between(self) -> bool:
         """One maintenance pass of a target the driver keeps open, if one is due (called
@@ -190,14 +191,17 @@ class BatchApplier:
         self._maintained += time.monotonic() - started
         return ran
 
-    def apply(self, batch_id: int, spooler: Spooler, start: Lsn, end: Lsn) -> BatchReport:
-        """Apply the spooled transactions ending in (start, end] to every target."""
+    def apply(
+        self, batch_id: int, spooler: Spooler, start: Lsn, end: Lsn, *, by_driver: bool
+    ) -> BatchReport:
+        """Apply the spooled transactions ending in (start, end] to every target, by the
+        driver itself or by a Spark job."""
         started = time.monotonic()
         spool = spooler.spool
         info = spool.batch(start, end)
         works = self.plan_work(spool.ranges(start, end))
         planned = time.monotonic()
-        outcomes, how = self.run_tasks(works)
+        outcomes, how = self.run_tasks(works, by_driver)
         phases = {"plan": planned - started, how: time.monotonic() - planned}
         if self._maintained:  # between the last batch and this one
             phases["maintain"], self._maintained = self._maintained, 0.0

@@ -34,11 +34,10 @@ from pgcdc.monitoring import (
     write_lag,
 )
 from pgcdc.pipeline._batch import (
-    JOB_BACKLOG,
     BatchApplier,
     BatchReport,
     PipelineStats,
-    batch_limit,
+    batch_bounds,
 )
 from pgcdc.pipeline._columns import ColumnIdentities
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
@@ -503,9 +502,10 @@ class Pipeline:
             self.watch_lag(applied)
             spooler.check()
             spool = spooler.spool
-            backlog = JOB_BACKLOG * config.inline_max_changes
-            pending = spool.pending(applied, upto=target, at_most=backlog)
-            limit = batch_limit(pending, config.inline_max_changes, config.max_changes_per_batch)
+            pending = spool.pending(applied, upto=target, at_most=config.inline_max_changes + 1)
+            limit, by_driver = batch_bounds(
+                pending, config.inline_max_changes, config.max_changes_per_batch
+            )
             end, changes = spool.plan(
                 applied, max_changes=limit, max_bytes=config.max_bytes_per_batch, upto=target
             )
@@ -521,7 +521,7 @@ class Pipeline:
                 continue
             # a batch cut by a limit leaves a backlog: the next one starts at once
             next_batch = now + interval if changes >= pending else 0.0
-            report = self.batches.apply(batch_id, spooler, applied, end)
+            report = self.batches.apply(batch_id, spooler, applied, end, by_driver=by_driver)
             self.stats.add(report)
             if self.on_batch is not None:
                 self.on_batch(report)

@@ -34,7 +34,7 @@ available_now = false              # true: catch up, then stop
 interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
 max_bytes_per_batch = "64MB"       # of spooled changes (on a cluster: inside Spark's tasks)
-inline_max_changes = 50000         # a batch this small is applied by the driver, not Spark
+inline_max_changes = 100000        # a backlog this small: the driver applies it, not Spark
 
 [spark]                            # where the work runs; default: local[*] in this process
 master = "local[*]"                # or "spark://host:7077", "yarn", "k8s://https://host:6443"
@@ -76,10 +76,10 @@ that setting, and the driver's memory, raised on a cluster).
 soon as changes are there and the interval since the last one has passed; one that a limit
 cut short is followed at once by the next). Batches adapt to
 the load by themselves: while one is applied the next one's changes gather, so a batch that
-takes long is followed by a larger one. A batch of at most ``inline_max_changes`` changes is
-applied by the driver itself, its targets kept open between batches; a backlog of more than
-twenty times that goes in larger batches (up to ``max_changes_per_batch``) to Spark jobs over
-their tables, and a smaller one is cut into batches the driver applies.
+takes long is followed by a larger one. While at most ``inline_max_changes`` changes wait, the
+next batch holds them all and the driver applies it itself, its targets kept open between
+batches; a larger backlog goes in batches of up to ``max_changes_per_batch`` to Spark jobs,
+one task per table on the executors.
 
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
@@ -155,10 +155,10 @@ class PipelineConfig:
     #: one): on a cluster a batch's changes travel inside its Spark tasks, which Spark
     #: bounds in size.
     max_bytes_per_batch: int = 64 * 1024**2
-    #: A batch of at most this many changes is applied by the driver itself (threads, the
-    #: targets kept open), not by a Spark job: a job's set-up would cost more than the
-    #: batch. 0: every batch is a Spark job.
-    inline_max_changes: int = 50_000
+    #: While at most this many changes wait, the next batch (all of them) is applied by the
+    #: driver itself (threads, the targets kept open), not by a Spark job, whose tasks open
+    #: every target anew (`pgcdc.pipeline._batch.batch_bounds`). 0: every batch is a job.
+    inline_max_changes: int = 100_000
     #: Seconds between standby status updates when nothing else makes one due.
     status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
@@ -534,7 +534,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
             trigger.get("max_bytes_per_batch", 64 * 1024**2), "trigger.max_bytes_per_batch"
         ),
         inline_max_changes=_count(
-            trigger.get("inline_max_changes", 50_000), "trigger.inline_max_changes"
+            trigger.get("inline_max_changes", 100_000), "trigger.inline_max_changes"
         ),
         status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,

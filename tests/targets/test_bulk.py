@@ -157,3 +157,41 @@ def test_unchanged_toast_values_in_the_arrow_fold(tmp_path: Path, mode: str) -> 
     else:
         assert {r[:3] for r in tables[0] if r[4] is None} == set(current)
         assert (1, "a", "d1b") in {r[:3] for r in tables[0]}  # the version in between
+
+
+@pytest.mark.parametrize("mode", ["mirror", "history"])
+def test_inserts_into_a_table_without_a_key_stay_in_arrow(tmp_path: Path, mode: str) -> None:
+    """A table without identity (pgbench_history: no primary key) only ever takes inserts:
+    each row is a row of its own, duplicates included, appended in sequence order; the same
+    rows as the general fold, batch after batch."""
+    keyless = relation(("tid", INT4), ("delta", INT4), ("note", TEXT))
+    batches = [
+        envelope(
+            txn(10, insert(keyless, tid=1, delta=5, note="a"), insert(keyless, tid=1, delta=5)),
+            txn(20, insert(keyless, tid=2, delta=-3, note="b")),
+            reverse=True,
+        ),
+        envelope(txn(30, insert(keyless, tid=1, delta=5, note="a")), txn(40)),
+    ]
+    for data in batches:
+        folded = bulk_mirror(data) if mode == "mirror" else bulk_history(data)
+        assert folded is not None
+    assert bulk_mirror(envelope(txn(50, delete(keyless, tid=1)))) is None  # the general fold
+    tables, watermarks = [], []
+    for name, general in (("fast", False), ("slow", True)):
+        target = DeltaTarget(str(tmp_path / name), mode, app_id=APP)  # type: ignore[arg-type]
+        for data in batches:
+            with pytest.MonkeyPatch.context() as m:
+                if general:
+                    m.setattr(delta, "bulk_mirror", lambda rows: None)
+                    m.setattr(delta, "bulk_history", lambda rows: None)
+                target.apply(data)
+        tables.append(sorted(rows(target.to_arrow()), key=repr))
+        watermarks.append(target.watermark)
+    assert tables[0] == tables[1] and watermarks[0] == watermarks[1]
+    assert [r[:3] for r in tables[0]] == sorted(
+        [(1, 5, "a"), (1, 5, None), (2, -3, "b"), (1, 5, "a")], key=repr
+    )
+    if mode == "history":  # versions that never end, each from its own change
+        assert all(r[4] is None for r in tables[0])
+        assert len({r[3]["ordinal"] + r[3]["commit_lsn"] * 10 for r in tables[0]}) == 4

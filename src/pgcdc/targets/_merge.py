@@ -244,6 +244,8 @@ class Writer:
         keys of `rows`: counted over the files the keys' literals do not exclude (none, for
         keys past the table's), by the first key column (a composite key may count rows of
         other keys: then the batch is merged, as any other)."""
+        if not shape.key_names:  # no identity: every row is a row of its own
+            return False
         narrow = key_filter(shape.key_names, rows)
         if narrow is None:
             return True

@@ -148,8 +148,41 @@ def _plain(rows: pa.Table) -> _Plain | None:
     return _Plain(shape, names, before, order, ranks, has_toast)
 
 
+@dataclass(frozen=True, slots=True)
+class _Inserts:
+    """A batch of inserts into a table without identity (no key): each row is a row of its
+    own, in sequence order."""
+
+    shape: Shape
+    values: dict[str, pa.Array]
+    lsns: pa.Array
+    starts: pa.Array
+
+
+def _inserts_without_key(rows: pa.Table) -> _Inserts | None:
+    if rows.num_rows == 0 or not pc.all(pc.equal(rows.column("op"), "insert")).as_py():
+        return None
+    if not single_shape(rows):
+        return None
+    shape = _shape(rows, 0)
+    if shape.key_names:
+        return None
+    order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
+    ordered = rows.select(["after", "lsn", "commit_lsn", "ordinal"]).take(order)
+    values = _columns(ordered.column("after"), tuple(c.name for c in shape.columns))
+    if values is None:
+        return None
+    starts = _sequences(
+        ordered.column("commit_lsn").to_numpy(), ordered.column("ordinal").to_numpy()
+    )
+    return _Inserts(shape, values, ordered.column("lsn").combine_chunks(), starts)
+
+
 def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
     """The batch folded in Arrow, or None when it needs the general fold."""
+    if (inserts := _inserts_without_key(rows)) is not None:
+        count = len(inserts.lsns)
+        return BulkMirror(inserts.shape, inserts.values, count, {}, 0, inserts.lsns, True)
     plain = _plain(rows)
     if plain is None:
         return None
@@ -272,7 +305,26 @@ def _sequences(lsns: np.ndarray, ordinals: np.ndarray, valid: np.ndarray | None 
 def bulk_history(rows: pa.Table) -> BulkHistory | None:
     """The batch turned into versions in Arrow (what `fold_history` makes of it), or None
     when it needs the general fold: each insert or update opens a version that ends at the
-    key's next change; a key's first change ends the target's current version."""
+    key's next change; a key's first change ends the target's current version. Without a
+    key, each insert is a version that never ends."""
+    if (inserts := _inserts_without_key(rows)) is not None:
+        count = len(inserts.lsns)
+        never = _sequences(
+            np.zeros(count, np.int64), np.zeros(count, np.int64), np.zeros(count, bool)
+        )
+        none = _sequences(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return BulkHistory(
+            inserts.shape,
+            inserts.values,
+            count,
+            inserts.starts,
+            never,
+            {},
+            none,
+            0,
+            True,
+            inserts.lsns,
+        )
     plain = _plain(rows)
     if plain is None:
         return None

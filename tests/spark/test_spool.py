@@ -11,7 +11,8 @@ import pytest
 
 from pgcdc.errors import SpoolError
 from pgcdc.protocol import Column, Insert, Lsn, Message, Relation, Truncate, TupleData, encode
-from pgcdc.spool import MESSAGES, Spool, SpoolRange, read_envelope
+from pgcdc.records import read_range
+from pgcdc.spool import MESSAGES, Spool, SpoolRange, _spool, read_envelope
 
 REL = Relation(16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
 OTHER = Relation(16385, "public", "u", "d", (Column(1, "id", 23, -1),))
@@ -215,3 +216,30 @@ def test_damaged_record_is_reported_with_its_position(tmp_path: Path) -> None:
     missing = SpoolRange(REL.relid, str(tmp_path / "nowhere"), 0, 10, 1, ())
     with pytest.raises(SpoolError, match=r"cannot read spool file .*nowhere: .*No such file"):
         envelope([missing])
+
+
+def test_a_unit_in_several_records_reads_back_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most units are one record; one whose frames outgrow a record, or whose relation
+    changes inside the transaction (DDL), is several: each record says which Relation its
+    frames were sent under."""
+    monkeypatch.setattr(_spool, "_CHUNK_BYTES", 300)
+    wider = Relation(REL.relid, "public", "t", "d", (*REL.columns, Column(0, "w", 25, -1)))
+    spool = Spool(tmp_path / "spool")
+    commit(spool, 1000, 1)  # a unit of one record
+    spool.begin()
+    for i in range(7):  # about 100 bytes a frame: some records of frames, then the commit
+        spool.change(REL, 1900 + i, insert(REL, i))
+    spool.change(wider, 1950, encode(Insert(REL.relid, TupleData(b"ttt", (b"9", b"x", b"w")))))
+    spool.change(wider, 1951, encode(Insert(REL.relid, TupleData(b"ttt", (b"10", b"y", b"z")))))
+    spool.commit(Lsn(1995), Lsn(2000), 9, None, None)
+    (whole,) = spool.ranges(Lsn(0), Lsn(2000))[REL.relid]
+    tags = [r.payload[:1] for r in read_range(whole.path, whole.offset, whole.length)]
+    assert tags[0] == b"C" and tags[-1] == b"C" and tags.count(b"F") >= 2
+    rows = envelope([whole]).to_pylist()
+    assert [(r["commit_lsn"], r["ordinal"]) for r in rows] == [(995, 1)] + [
+        (1995, i) for i in range(1, 10)
+    ]
+    assert [len(r["after"]) for r in rows] == [2] * 8 + [3, 3]
+    assert rows[-1]["after"] == [("id", "10"), ("v", "y"), ("w", "z")]

@@ -8,12 +8,13 @@ as the message the server sent (a change frame, `pgcdc.protocol.columns`).
 
 Files are records (`pgcdc.records`: length, crc32, payload), a file per relation OID and
 one for logical messages, rolled over at `segment_bytes`. A transaction's part in one file is
-a *unit*::
+a *unit*, most often a single record::
 
-    V  relation version           the Relation the frames below were sent under
-    F  change frames              (ordinal, lsn, message)*, at most ~1 MB a record
-    …  (V and F again when the relation changed inside the transaction)
-    C  commit                     commit LSN, end LSN, xid, commit time, origin
+    F  version, change frames     (ordinal, lsn, message)*, about 1 MB a record, of the
+    …                             Relation (version) they were sent under: only a large unit,
+                                  or one whose relation changed inside the transaction
+    C  version, commit, frames    commit LSN, end LSN, xid, commit time, origin; the last
+                                  frames
 
 A Truncate is a frame in the file of each table it emptied (the whole message, so a reader
 knows every table it emptied); a logical message a frame of the messages file (a
@@ -298,13 +299,10 @@ class Spool:
     def _frame(self, relid: int, version: int, frame: bytes) -> None:
         unit = self._open.get(relid)
         if unit is None:
-            file = self._file(relid)
-            unit = self._open[relid] = _Open(file.size, version)
-            self._write(relid, b"V" + _VERSION.pack(version))
+            unit = self._open[relid] = _Open(self._file(relid).size, version)
         elif unit.version != version:  # the relation changed inside the transaction
             self._flush(relid, unit)
             unit.version = version
-            self._write(relid, b"V" + _VERSION.pack(version))
         unit.chunk += frame
         unit.changes += 1
         if len(unit.chunk) >= _CHUNK_BYTES:
@@ -312,7 +310,7 @@ class Spool:
 
     def _flush(self, relid: int, unit: _Open) -> None:
         if unit.chunk:
-            self._write(relid, b"F" + bytes(unit.chunk))
+            self._write(relid, b"F" + _VERSION.pack(unit.version) + unit.chunk)
             unit.chunk.clear()
 
     def change(self, relation: Relation, lsn: int | None, message: bytes) -> None:
@@ -359,8 +357,9 @@ class Spool:
         now, or, while commits are held (`hold_seconds`), at the next `publish`."""
         flags = (_HAS_XID if xid is not None else 0) | (_HAS_TS if commit_ts is not None else 0)
         origin_bytes = (origin or "").encode()
-        trailer = b"C" + _COMMIT.pack(
-            flags, commit_lsn, end_lsn, xid or 0, commit_ts or 0, len(origin_bytes)
+        trailer = (
+            _COMMIT.pack(flags, commit_lsn, end_lsn, xid or 0, commit_ts or 0, len(origin_bytes))
+            + origin_bytes
         )
         if self._last_end is not None and end_lsn <= self._last_end:
             raise SpoolError(
@@ -370,8 +369,7 @@ class Spool:
         self._last_end = Lsn(end_lsn)
         units = []
         for relid, unit in self._open.items():
-            self._flush(relid, unit)
-            self._write(relid, trailer + origin_bytes)
+            self._write(relid, b"".join((b"C", _VERSION.pack(unit.version), trailer, unit.chunk)))
             file = self._files[relid]
             units.append(
                 _Unit(relid, file.segment, unit.start, file.size - unit.start, unit.changes)
@@ -634,21 +632,21 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
     for spool_range in ranges:
         relations = [_relation(v) for v in spool_range.versions]
         attnums = list(spool_range.attnums) or [()] * len(relations)
-        frames: list[tuple[int, bytes]] = []  # (version, F payload) of the open unit
-        version = 0
+        frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the open unit
         for payload in _records(spool_range):
             tag = payload[:1]
-            if tag == b"V":
-                (version,) = _VERSION.unpack_from(payload, 1)
-            elif tag == b"F":
-                frames.append((version, payload))
-            elif tag == b"C":
+            if tag not in (b"F", b"C"):
+                raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
+            (version,) = _VERSION.unpack_from(payload, 1)
+            if tag == b"F":
+                frames.append((version, payload, 1 + _VERSION.size))
+            else:
+                start = 1 + _VERSION.size + _COMMIT.size + _COMMIT.unpack_from(payload, 3)[-1]
+                frames.append((version, payload, start))
                 _unit(builder, spool_range, relations, attnums, frames, payload)
                 frames = []
                 if len(builder) >= _BATCH_ROWS or builder.value_bytes >= _BATCH_VALUE_BYTES:
                     yield builder.flush()
-            else:
-                raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
     if len(builder):
         yield builder.flush()
 
@@ -664,21 +662,23 @@ def _unit(
     spool_range: SpoolRange,
     relations: list[Relation],
     attnums: list[tuple[int, ...]],
-    frames: list[tuple[int, bytes]],
-    trailer: bytes,
+    frames: list[tuple[int, bytes, int]],
+    commit: bytes,
 ) -> None:
-    flags, commit_lsn, _end, xid, commit_ts, origin_length = _COMMIT.unpack_from(trailer, 1)
-    origin = trailer[1 + _COMMIT.size :].decode() if origin_length else None
+    at = 1 + _VERSION.size
+    flags, commit_lsn, _end, xid, commit_ts, origin_length = _COMMIT.unpack_from(commit, at)
+    at += _COMMIT.size
+    origin = commit[at : at + origin_length].decode() if origin_length else None
     builder.begin(
         commit_lsn,
         xid if flags & _HAS_XID else None,
         commit_ts if flags & _HAS_TS else None,
         origin,
     )
-    for version, payload in frames:
+    for version, payload, pos in frames:
         relation = relations[version] if spool_range.relid != MESSAGES else None
         numbers = attnums[version] if relation is not None else ()
-        pos, end = 1, len(payload)
+        end = len(payload)
         while pos < end:
             if relation is not None:
                 pos = builder.frames(relation, payload, pos, end, numbers)

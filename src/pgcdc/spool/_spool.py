@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -122,8 +122,7 @@ class SpoolRange:
     data: bytes | None = field(default=None, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class _Unit:
+class _Unit(NamedTuple):
     relid: int
     segment: int
     offset: int
@@ -368,20 +367,25 @@ class Spool:
             )
         self._last_end = Lsn(end_lsn)
         units = []
+        size = changes = 0
         for relid, unit in self._open.items():
-            self._write(relid, b"".join((b"C", _VERSION.pack(unit.version), trailer, unit.chunk)))
             file = self._files[relid]
-            units.append(
-                _Unit(relid, file.segment, unit.start, file.size - unit.start, unit.changes)
+            record = encode_record(
+                b"".join((b"C", _VERSION.pack(unit.version), trailer, unit.chunk))
             )
+            file.handle.write(record)
+            file.size += len(record)
+            length = file.size - unit.start
+            units.append(_Unit(relid, file.segment, unit.start, length, unit.changes))
+            size += length
+            changes += unit.changes
             self._dirty.add(relid)
         self._open.clear()
-        size = sum(u.length for u in units)
-        changes = sum(u.changes for u in units)
+        now = time.monotonic()
         if not self._staged:
-            self._staged_at = time.monotonic()
+            self._staged_at = now
         self._staged.append(_Txn(Lsn(end_lsn), Lsn(commit_lsn), commit_ts, changes, size, units))
-        if not self.hold_seconds or time.monotonic() - self._staged_at >= self.hold_seconds:
+        if not self.hold_seconds or now - self._staged_at >= self.hold_seconds:
             self.publish()
 
     def publish(self) -> None:

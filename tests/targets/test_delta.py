@@ -162,6 +162,22 @@ def test_a_merge_that_changes_nothing_still_records_the_watermark(tmp_path: Path
     assert result.watermark == 0x200 == t.watermark and result.version == 2
 
 
+def test_the_watermark_follows_the_table_whoever_wrote_it(tmp_path: Path) -> None:
+    """A target reads its watermark once per version of the table: its own commit sets it,
+    another writer's commit (a second process on the same table) is read; replayed rows
+    below it change nothing."""
+    first, second = target(tmp_path, "mirror"), target(tmp_path, "mirror")
+    assert first.apply(envelope(txn(0x100, insert(REL, id=1)))).watermark == 0x100
+    assert first.watermark == 0x100 == second.watermark
+    second.apply(envelope(txn(0x200, insert(REL, id=2))))
+    assert first.watermark == 0x200
+    replay = first.apply(envelope(txn(0x200, insert(REL, id=2, name="again"))))
+    assert (replay.applied, replay.skipped) == (0, 1)
+    first.apply(envelope(txn(0x300, update(REL, {"id": 2, "name": "b"}))))
+    assert second.watermark == 0x300 == first.watermark
+    assert rows(second.to_arrow(), "id", "name") == [(1, None), (2, "b")]
+
+
 def test_replica_identity_full_without_key(tmp_path: Path) -> None:
     full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
     t = target(tmp_path, "mirror")

@@ -60,6 +60,9 @@ class TableIO:
         self.properties = {**TABLE_PROPERTIES, **local, **(properties or {})}
         self._table: DeltaTable | None = None
         self._log_dir = local_log_dir(path)
+        #: Per application id: its transaction's version (the watermark) as of a version of
+        #: the table (the DeltaTable it was read from, the version, the watermark).
+        self._watermarks: dict[str, tuple[DeltaTable, int, int | None]] = {}
 
     def open(self) -> DeltaTable | None:
         """The table as of now (its log read from where it was), or None when there is none
@@ -142,6 +145,24 @@ class TableIO:
 
     def read_all(self, table: DeltaTable) -> pa.Table:
         return self.query(table, "SELECT * FROM t", self.schema(table))
+
+    def watermark(self, table: DeltaTable, app_id: str) -> int | None:
+        """The version of `app_id`'s application transaction in `table` (a target's
+        watermark), read from the log once per version of the table
+        (`DeltaTable.transaction_version` replays the log's transactions each time)."""
+        version = table.version()
+        known = self._watermarks.get(app_id)
+        if known is not None and known[0] is table and known[1] == version:
+            return known[2]
+        value = table.transaction_version(app_id)
+        self._watermarks[app_id] = (table, version, value)
+        return value
+
+    def wrote(self, app_id: str, version: int, watermark: int) -> None:
+        """The commit that made `version` of the table carries `watermark` for `app_id`."""
+        table = self._table
+        if table is not None and table.version() == version:
+            self._watermarks[app_id] = (table, version, watermark)
 
     def mark(self, table: DeltaTable, commit: CommitProperties) -> None:
         """A commit that only records the watermark (an empty append)."""

@@ -178,7 +178,7 @@ class DeltaTarget(Target):
     def watermark(self) -> int | None:
         """The highest commit LSN applied (None: nothing applied yet)."""
         table = self.io.open()
-        return None if table is None else table.transaction_version(self.app_id)
+        return None if table is None else self.io.watermark(table, self.app_id)
 
     @property
     def exists(self) -> bool:
@@ -201,7 +201,7 @@ class DeltaTarget(Target):
         watermark in the same (last) commit. A batch that raises writes nothing."""
         started = time.perf_counter()
         table = self.io.open()
-        watermark = None if table is None else table.transaction_version(self.app_id)
+        watermark = None if table is None else self.io.watermark(table, self.app_id)
         total = rows.num_rows
         if watermark is not None and total:
             rows = rows.filter(pc.greater(rows.column("commit_lsn"), pa.scalar(watermark)))
@@ -235,6 +235,7 @@ class DeltaTarget(Target):
             upserts, deletes, version, writing = self._apply_changes(
                 typing, table, changes, high, last
             )
+        self.io.wrote(self.app_id, version, high)
         done = time.perf_counter()
         return ApplyResult(
             rows.num_rows,
@@ -539,7 +540,7 @@ class DeltaTarget(Target):
         at = None
         if last and last[0].get("timestamp") is not None:
             at = datetime.fromtimestamp(last[0]["timestamp"] / 1000, UTC)
-        return TargetState(True, table.transaction_version(self.app_id), rows, table.version(), at)
+        return TargetState(True, self.io.watermark(table, self.app_id), rows, table.version(), at)
 
     def maintain(self) -> bool:
         """Keeps the lake near its live size, cheaply (called after a batch, or between

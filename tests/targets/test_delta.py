@@ -178,6 +178,32 @@ def test_the_watermark_follows_the_table_whoever_wrote_it(tmp_path: Path) -> Non
     assert rows(second.to_arrow(), "id", "name") == [(1, None), (2, "b")]
 
 
+def test_a_table_kept_open_is_read_anew_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DeltaTable a target keeps between batches is read anew from its latest
+    checkpoint every `RENEW_EVERY` versions (reading on costs more the longer it was kept),
+    as the same object: the batches after it see every row, and the watermark."""
+    monkeypatch.setattr(_table, "RENEW_EVERY", 3)
+    t = target(tmp_path, "mirror")
+    t.apply(envelope(txn(0x100, *(insert(REL, id=i, name="a") for i in range(5)))))
+    kept = t.io.cached
+    assert kept is not None
+    raw = kept._table
+    for i in range(1, 8):
+        t.apply(envelope(txn(0x100 + i * 0x10, update(REL, {"id": i % 5, "name": f"n{i}"}))))
+    assert t.io.cached is kept and kept._table is not raw
+    assert t.io._loaded_at >= kept.version() - 3
+    assert t.watermark == 0x170
+    assert rows(t.to_arrow(), "id", "name") == [
+        (0, "n5"),
+        (1, "n6"),
+        (2, "n7"),
+        (3, "n3"),
+        (4, "n4"),
+    ]
+
+
 def test_replica_identity_full_without_key(tmp_path: Path) -> None:
     full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
     t = target(tmp_path, "mirror")

@@ -41,6 +41,8 @@ TABLE_PROPERTIES = {
 }
 #: And a local table's.
 LOCAL_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+#: A DeltaTable kept open is read anew after this many versions (`TableIO._renew`).
+RENEW_EVERY = 200
 
 
 class TableIO:
@@ -60,6 +62,8 @@ class TableIO:
         self.properties = {**TABLE_PROPERTIES, **local, **(properties or {})}
         self._table: DeltaTable | None = None
         self._log_dir = local_log_dir(path)
+        #: The version the DeltaTable was last read anew at (`load`, `_renew`).
+        self._loaded_at = -1
         #: Per application id: its transaction's version (the watermark) as of a version of
         #: the table (the DeltaTable it was read from, the version, the watermark).
         self._watermarks: dict[str, tuple[DeltaTable, int, int | None]] = {}
@@ -71,6 +75,8 @@ class TableIO:
         if table is not None:
             try:
                 update(table, self._log_dir)
+                if table.version() - self._loaded_at >= RENEW_EVERY:
+                    self._renew(table)
                 return table
             except Exception:  # removed, or replaced under us: read it anew
                 self._table = None
@@ -95,7 +101,19 @@ class TableIO:
     def load(self) -> DeltaTable:
         """The table read anew."""
         self._table = DeltaTable(self.path, storage_options=self.storage_options)
+        self._loaded_at = self._table.version()
         return self._table
+
+    def _renew(self, table: DeltaTable) -> None:
+        """`table`, the same object (what holds it, such as the deletion-vector writer's
+        state, stays valid), read anew from its latest checkpoint. A DeltaTable kept open
+        reads each new commit (`update_incremental`) at a cost that grows with the commits
+        read since it was opened (measured, a local table: 3 ms per batch at first, 15 ms
+        after 1,500 commits, 290 ms after 15,000); read anew, it starts from the
+        checkpoint again."""
+        fresh = DeltaTable(self.path, storage_options=self.storage_options)
+        table._table = fresh._table
+        self._loaded_at = table.version()
 
     def create(self, schema: pa.Schema, source: str) -> DeltaTable:
         configuration = {**self.properties, "pgcdc.mode": self.mode, "pgcdc.source": source}

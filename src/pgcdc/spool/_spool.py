@@ -633,11 +633,13 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
     """The envelope rows of the units in `ranges`, a column at a time (`EnvelopeBuilder`):
     row changes straight from their frames, Truncates and messages decoded one by one."""
     builder = EnvelopeBuilder()
+    read = 0  # record bytes since the last flush: at least the values collected
     for spool_range in ranges:
         relations = [_relation(v) for v in spool_range.versions]
         attnums = list(spool_range.attnums) or [()] * len(relations)
         frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the open unit
         for payload in _records(spool_range):
+            read += len(payload)
             tag = payload[:1]
             if tag not in (b"F", b"C"):
                 raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
@@ -649,8 +651,11 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
                 frames.append((version, payload, start))
                 _unit(builder, spool_range, relations, attnums, frames, payload)
                 frames = []
-                if len(builder) >= _BATCH_ROWS or builder.value_bytes >= _BATCH_VALUE_BYTES:
+                if len(builder) >= _BATCH_ROWS or (
+                    read >= _BATCH_VALUE_BYTES and builder.value_bytes >= _BATCH_VALUE_BYTES
+                ):
                     yield builder.flush()
+                    read = 0
     if len(builder):
         yield builder.flush()
 

@@ -48,7 +48,9 @@ standby's copy of a failover slot, a crash before the slot was confirmed): the m
 those transactions are older than the seed, so they are not read forward from it (that would
 take DDL since for DDL before), nor do they become the previous version of the next message;
 every target skips their changes, and they are read against the catalog alone. The first
-message of a transaction after the seed's point is read forward from the seed.
+message of a transaction after the seed's point is read forward from the seed. The Spark
+source, which knows no columns, knows the point (its checkpoint's offset: `hold`): the same
+rule holds, and the first message after it is read against the catalog.
 """
 
 from __future__ import annotations
@@ -240,6 +242,10 @@ class ColumnIdentities:
         #: Per relation OID: the commit position its seed holds, while no message of a
         #: later transaction has come.
         self._seeded_at: dict[int, int] = {}
+        #: The commit position the consumer holds for every relation (`hold`), and the
+        #: relations a message of a later transaction has come for since.
+        self._held_at: int | None = None
+        self._past_hold: set[int] = set()
 
     def seed(
         self, relid: int, columns: Sequence[tuple[int, MessageColumn]], at: int | None = None
@@ -253,12 +259,29 @@ class ColumnIdentities:
             if at is not None:
                 self._seeded_at.setdefault(relid, at)
 
+    def hold(self, at: int) -> None:
+        """The consumer holds every transaction up to commit position `at` (a Spark
+        checkpoint's offset) and knows nothing of the columns: the slot may send older
+        transactions again, whose messages may come before DDL the consumer has seen. Their
+        messages are read against the catalog alone and are not the previous version of a
+        later one; a relation's first message after `at` is read from the catalog (by name
+        where the catalog is past it), unless a seed says more."""
+        self._held_at = at
+
+    def _point(self, relid: int) -> int | None:
+        """The commit position a relation's messages are older than while they come in
+        transactions at or before it (a seed's, else the consumer's `hold`)."""
+        seeded_at = self._seeded_at.get(relid)
+        if seeded_at is None and relid not in self._past_hold:
+            return self._held_at
+        return seeded_at
+
     def rereads(self, relid: int, commit_lsn: int | None) -> bool:
         """Whether the relation's last message, in force for a transaction at `commit_lsn`,
-        must be resolved again: it was read against the catalog alone (older than the seed)
-        and this transaction is the first after the seed's point."""
-        seeded_at = self._seeded_at.get(relid)
-        return seeded_at is not None and (commit_lsn is None or commit_lsn > seeded_at)
+        must be resolved again: it was read against the catalog alone (older than the seed
+        or the hold) and this transaction is the first after that point."""
+        point = self._point(relid)
+        return point is not None and (commit_lsn is None or commit_lsn > point)
 
     def __call__(
         self, relation: Relation, xid: int | None = None, commit_lsn: int | None = None
@@ -288,13 +311,14 @@ class ColumnIdentities:
         ]
         message = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
         root = {a.attnum: a.root_attnum for a in catalog}
-        seeded_at = self._seeded_at.get(relation.relid)
-        if seeded_at is not None and commit_lsn is not None and commit_lsn <= seeded_at:
+        point = self._point(relation.relid)
+        if point is not None and commit_lsn is not None and commit_lsn <= point:
             # a transaction every target holds (its changes are skipped): older than the
             # seed, it is read against the catalog alone and leaves the seed in place
             own = resolve_attnums(message, catalog, xid=xid)
             return tuple(root.get(n, 0) or n for n in own)
         self._seeded_at.pop(relation.relid, None)
+        self._past_hold.add(relation.relid)
         own = resolve_attnums(message, catalog, self._last.get(relation.relid), xid)
         if 0 in own:
             log.warning(

@@ -232,7 +232,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceError(f"slot {options.slot!r} uses plugin {slot.plugin!r}, not pgoutput")
         return Lsn(slot.confirmed_flush_lsn or slot.restart_lsn or 0)
 
-    def _session(self) -> Spooler:
+    def _session(self, start: Lsn) -> Spooler:
+        """The replication session, started at the first call: `start` is the offset Spark
+        committed (the checkpoint's), which the slot may lie before (a crash between Spark's
+        commit and the slot's confirmation; a standby's copy of the slot after a failover)."""
         if self._spooler is None:
             options = self.options
             self._slot_start(wait_inactive=_SLOT_RELEASE_TIMEOUT)
@@ -245,6 +248,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 streaming = StreamingMode.ON if version >= 140000 else StreamingMode.OFF
             self._catalog = Catalog(options.conninfo)
             identities = ColumnIdentities(self._catalog, options.publications)
+            identities.hold(start)  # Spark skips what the slot sends again before it
             self._opened_at = _server_lsn(options.conninfo)
             self._spooler = Spooler(
                 options.conninfo,
@@ -271,8 +275,8 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = _server_lsn(self.options.conninfo)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        spooler = self._session()
         start_lsn = Lsn.parse(start["lsn"])
+        spooler = self._session(start_lsn)
         # Available-now: a batch as soon as there is one, but no end before the target.
         target = self._target
         if target is not None and not spooler.wait_for(
@@ -329,7 +333,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start_lsn, end_lsn = Lsn.parse(start["lsn"]), Lsn.parse(end["lsn"])
         if end_lsn <= start_lsn:
             return []
-        spooler = self._session()
+        spooler = self._session(start_lsn)
         # After a restart Spark asks again for the batch it had planned: the session sends it
         # again from the slot, which was not confirmed past it.
         if not spooler.wait_for(end_lsn, _REDELIVERY_TIMEOUT):

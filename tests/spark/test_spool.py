@@ -11,7 +11,7 @@ import pytest
 
 from pgcdc.errors import SpoolError
 from pgcdc.protocol import Column, Insert, Lsn, Message, Relation, Truncate, TupleData, encode
-from pgcdc.records import read_range
+from pgcdc.records import encode_record, read_range
 from pgcdc.spool import MESSAGES, Spool, SpoolRange, _spool, read_envelope
 
 REL = Relation(16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
@@ -213,6 +213,12 @@ def test_damaged_record_is_reported_with_its_position(tmp_path: Path) -> None:
     Path(whole.path).write_bytes(bytes(data))
     with pytest.raises(SpoolError, match=r"spool file .*: record at byte \d+: checksum mismatch"):
         envelope([whole])
+    for payload, what in ((b"C\x00", "a b'C' record of 2 bytes"), (b"F\x00\x07", "version 7")):
+        short = tmp_path / "short.spool"
+        short.write_bytes(encode_record(payload))
+        bad = SpoolRange(REL.relid, str(short), 0, short.stat().st_size, 1, whole.versions)
+        with pytest.raises(SpoolError, match=rf"spool file .*short.spool: .*{what}"):
+            envelope([bad])
     missing = SpoolRange(REL.relid, str(tmp_path / "nowhere"), 0, 10, 1, ())
     with pytest.raises(SpoolError, match=r"cannot read spool file .*nowhere: .*No such file"):
         envelope([missing])

@@ -643,12 +643,19 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
             tag = payload[:1]
             if tag not in (b"F", b"C"):
                 raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
-            (version,) = _VERSION.unpack_from(payload, 1)
-            if tag == b"F":
-                frames.append((version, payload, 1 + _VERSION.size))
-            else:
-                start = 1 + _VERSION.size + _COMMIT.size + _COMMIT.unpack_from(payload, 3)[-1]
-                frames.append((version, payload, start))
+            try:
+                (version,) = _VERSION.unpack_from(payload, 1)
+                start = 1 + _VERSION.size
+                if tag == b"C":
+                    start += _COMMIT.size + _COMMIT.unpack_from(payload, start)[-1]
+            except struct.error:
+                raise SpoolError(
+                    f"spool file {spool_range.path}: a {tag!r} record of {len(payload)} bytes"
+                ) from None
+            if version >= len(relations) and spool_range.relid != MESSAGES:
+                raise SpoolError(f"spool file {spool_range.path}: no relation version {version}")
+            frames.append((version, payload, start))
+            if tag == b"C":
                 _unit(builder, spool_range, relations, attnums, frames, payload)
                 frames = []
                 if len(builder) >= _BATCH_ROWS or (

@@ -8,10 +8,12 @@ each one overridable per target): a MERGE writes files of at most ``delta.target
 change), files a commit removed are deleted by the periodic vacuum once older than
 ``delta.deletedFileRetentionDuration`` (a reader's query must finish within it), and log
 entries older than ``delta.logRetentionDuration`` go at each checkpoint (time travel reaches
-that far back). A table made before, or with other values, gets them at its first open.
-A local table also gets deletion vectors (``delta.enableDeletionVectors``): pgcdc then writes
-a batch's changed rows merge-on-read (`pgcdc.targets._merge_on_read`); on an object store
-pgcdc cannot write them yet, and merges copy-on-write.
+that far back; no further than the files are kept; and delta-rs lists the whole log each time
+it reads a table on, so every entry kept costs each batch of each target). A table made
+before, or with other values, gets them at its first open. A local table also gets deletion
+vectors (``delta.enableDeletionVectors``): pgcdc then writes a batch's changed rows
+merge-on-read (`pgcdc.targets._merge_on_read`); on an object store pgcdc cannot write them
+yet, and merges copy-on-write.
 
 A column added to a table may need a table feature: a timestamp without time zone (Delta's
 TIMESTAMP_NTZ, also inside a struct or a list) needs ``timestampNtz``. delta-rs's writes that
@@ -37,7 +39,7 @@ __all__ = ["LOCAL_PROPERTIES", "TABLE_PROPERTIES", "TableIO"]
 TABLE_PROPERTIES = {
     "delta.targetFileSize": str(8 << 20),
     "delta.deletedFileRetentionDuration": "interval 30 minutes",
-    "delta.logRetentionDuration": "interval 2 hours",
+    "delta.logRetentionDuration": "interval 30 minutes",
 }
 #: And a local table's.
 LOCAL_PROPERTIES = {"delta.enableDeletionVectors": "true"}

@@ -41,3 +41,23 @@ def test_messages_older_than_the_hold_do_not_lead_the_later_ones(pg_one: Databas
         assert not identities.rereads(relid, 150)
         assert identities(after, None, 300) == (1, 2, 3)
         assert not identities.rereads(relid, 400)
+
+
+def test_a_point_seeded_without_columns_holds_that_relation_only(pg_one: Database) -> None:
+    """A table whose consumers recorded no columns (its targets emptied for a copy, its
+    pending change log holding changes to a point) is seeded with the point alone: as a
+    hold, for that table."""
+    pg_one.execute("CREATE TABLE s (id int, a int, b int); CREATE TABLE u (x int)")
+    relid, other = (pg_one.execute(f"SELECT '{t}'::regclass::oid")[0][0] for t in ("s", "u"))
+    before = _relation(relid, "id", "a", "b")
+    pg_one.execute(
+        "ALTER TABLE s RENAME a TO t; ALTER TABLE s RENAME b TO a; ALTER TABLE s RENAME t TO b"
+    )
+    after = _relation(relid, "id", "b", "a")
+    pg_one.execute("ALTER TABLE s ADD COLUMN c int")
+    with contextlib.closing(Catalog(pg_one.dsn)) as catalog:
+        identities = ColumnIdentities(catalog)
+        identities.seed(relid, [], 200)
+        identities(before, None, 100)
+        assert identities.rereads(relid, 300) and not identities.rereads(other, 300)
+        assert identities(after, None, 300) == (1, 2, 3)

@@ -1,9 +1,10 @@
 """`resolve_attnums`: what each column of a Relation message is, from the catalog of now and
-the relation's previous version (no server: the catalog as data)."""
+the relation's previous version (no server: the catalog as data); `seed_point`: where a new
+process starts reading them from."""
 
 from __future__ import annotations
 
-from pgcdc.pipeline._columns import Attribute, resolve_attnums
+from pgcdc.pipeline._columns import Attribute, resolve_attnums, seed_point
 
 INT, TEXT, BIGINT = 23, 25, 20
 
@@ -110,3 +111,18 @@ def test_a_column_dropped_and_added_again_in_another_type_is_placed_by_the_trans
     assert resolve_attnums(after, catalog, previous, xid=301) == (1, 4, 9, 11)
     # with no xids known, the names decide as before (the fewest changes)
     assert resolve_attnums(before, catalog, previous) == (1, 4, 9, 11)
+
+
+def test_the_seed_is_the_columns_recorded_at_the_point_every_consumer_holds() -> None:
+    """Each consumer of a table's changes (its targets; its pending change log while a copy
+    is under way) holds a watermark and may have recorded the columns as of it."""
+    assert seed_point([]) == (None, None)
+    assert seed_point([(500, "cols@500"), (500, "cols@500")]) == ("cols@500", 500)
+    assert seed_point([(700, "cols@700"), (500, "cols@500")]) == ("cols@500", 500)
+    # a target that recorded nothing (just marked by a copy) holds less: no columns, the point
+    assert seed_point([(700, "cols@700"), (500, None)]) == (None, 500)
+    # the targets of a table being copied again were emptied; its pending log holds 600
+    assert seed_point([(600, None), (600, None), (600, None)]) == (None, 600)
+    # one holds nothing known: no point, the columns recorded least far on
+    assert seed_point([(700, "cols@700"), (None, None)]) == ("cols@700", None)
+    assert seed_point([(None, None)]) == (None, None)

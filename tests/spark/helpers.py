@@ -172,9 +172,16 @@ class RunningPipeline:
 PIPELINE_CHILD = Path(__file__).with_name("pipeline_child.py")
 
 
+def child_path() -> str:
+    """A child process's PYTHONPATH: ``tests/``, then the caller's own (a run of another
+    checkout's sources, ``PYTHONPATH=<checkout>/src``, reaches the children too)."""
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([str(Path(__file__).parents[1]), *([inherited] if inherited else [])])
+
+
 def start_child(config: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
     """`pipeline_child.py` running `config` (`extra`: its options) in a new session."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env = dict(os.environ, PYTHONPATH=child_path())
     return subprocess.Popen(
         [sys.executable, str(PIPELINE_CHILD), json.dumps(config), *extra],
         stdout=subprocess.PIPE,

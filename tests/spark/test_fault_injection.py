@@ -39,7 +39,7 @@ import psycopg
 import pytest
 
 from pgcdc.embedded import Database, EmbeddedServer, EmbeddedServerError, available_versions
-from spark.helpers import pipeline_config, verdicts
+from spark.helpers import child_path, pipeline_config, verdicts
 
 pytestmark = pytest.mark.server
 
@@ -975,7 +975,7 @@ def start_child(config: dict[str, Any], log: Path, number: int, kind: str, *extr
     scratch.mkdir(exist_ok=True)
     env = dict(
         os.environ,
-        PYTHONPATH=str(Path(__file__).parents[1]),
+        PYTHONPATH=child_path(),
         TMPDIR=str(scratch),
         SPARK_LOCAL_DIRS=str(scratch),
     )

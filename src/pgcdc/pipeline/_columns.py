@@ -59,11 +59,14 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pgcdc.decoding.catalog import wait_until_visible
 from pgcdc.protocol import Relation
 
-__all__ = ["Attribute", "ColumnIdentities", "resolve_attnums"]
+__all__ = ["Attribute", "ColumnIdentities", "resolve_attnums", "seed_point"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +232,20 @@ WHERE pt.pubname = ANY(%s) AND c.oid = %s
 """
 
 
+def seed_point(held: Sequence[tuple[int | None, T | None]]) -> tuple[T | None, int | None]:
+    """From what each consumer of a relation's changes holds (its watermark, the columns it
+    recorded as of it; None: not known), the `ColumnIdentities.seed`: the point every one
+    holds (None when one holds nothing known) and the columns recorded as of that very
+    point (None when the consumer that holds the least recorded none: columns recorded
+    later would read older messages forward from DDL that came after them)."""
+    marks = [w for w, _ in held if w is not None]
+    at = min(marks) if held and len(marks) == len(held) else None
+    known = sorted(((w or 0, r) for w, r in held if r is not None), key=lambda k: k[0])
+    if known and (at is None or known[0][0] == at):
+        return known[0][1], at
+    return None, at
+
+
 class ColumnIdentities:
     """Resolves the Relation messages a stream sends, in the order they come, against
     `catalog` (anything with ``query(sql, params)``, e.g. `pgcdc.decoding.catalog.Catalog`):
@@ -250,14 +267,14 @@ class ColumnIdentities:
     def seed(
         self, relid: int, columns: Sequence[tuple[int, MessageColumn]], at: int | None = None
     ) -> None:
-        """What a relation's columns were as of the last change applied (a target's record)
-        and, when known, the commit position `at` that every target of it holds: the
-        previous version of the first message of a transaction after `at` (of the first
-        message of a new session when `at` is not known)."""
+        """What a relation's columns were as of the last change applied (a target's record;
+        empty: not recorded) and, when known, the commit position `at` that every consumer
+        of its changes holds: the previous version of the first message of a transaction
+        after `at` (of the first message of a new session when `at` is not known)."""
         if columns and all(attnum for attnum, _ in columns):
             self._last.setdefault(relid, list(columns))
-            if at is not None:
-                self._seeded_at.setdefault(relid, at)
+        if at is not None:
+            self._seeded_at.setdefault(relid, at)
 
     def hold(self, at: int) -> None:
         """The consumer holds every transaction up to commit position `at` (a Spark

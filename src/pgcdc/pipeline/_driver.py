@@ -39,7 +39,7 @@ from pgcdc.pipeline._batch import (
     PipelineStats,
     batch_bounds,
 )
-from pgcdc.pipeline._columns import ColumnIdentities
+from pgcdc.pipeline._columns import ColumnIdentities, seed_point
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
 from pgcdc.pipeline._dispatch import Dispatcher
 from pgcdc.pipeline._lineage import SlotLineage
@@ -373,16 +373,16 @@ class Pipeline:
         for table, targets in self.targets.items():
             if table not in bindings.oids or table in bindings.leaves:
                 continue
-            # the columns as of the target that holds the least: the slot sends again what
-            # came before, which every target skips (see `ColumnIdentities`)
+            # what the consumer of its changes that holds the least holds, and the columns
+            # recorded as of that point: the slot sends again what came before, which every
+            # consumer skips (see `ColumnIdentities`); a table whose changes go to its pending
+            # change log (a copy under way, a quarantine) has its targets emptied or left
+            # behind, and the log counts too (it records no columns)
             held = [(t.watermark, t.recorded_columns()) for _, t in targets]
-            known = [(w, r) for w, r in held if r is not None]
-            if not known:
-                continue
-            marks = [w for w, _ in held if w is not None]
-            at = min(marks) if len(marks) == len(held) else None
-            recorded = min(known, key=lambda k: k[0] or 0)[1]
-            columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded]
+            if table in self.tables.pending:
+                held.append((self.copies.pending_watermark(table), None))
+            recorded, at = seed_point(held)
+            columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded or ()]
             identities.seed(bindings.oids[table], columns, at)
         return Spooler(
             config.conninfo,

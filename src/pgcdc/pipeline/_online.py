@@ -119,6 +119,13 @@ class OnlineCopies:
         """Where the table's pending change log is (a Delta table in the state)."""
         return self.state.location(pending_name(table))
 
+    def pending_watermark(self, table: str) -> int | None:
+        """The last commit LSN the table's pending change log holds (None: it holds none)."""
+        log = TargetSpec(
+            self.pending_location(table), "changelog", storage_options=self.state.storage_options
+        )
+        return open_target(log, app_id=self.config.app_id).watermark
+
     def drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip
         what the copy already holds), then forget the pending log."""

@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from pgcdc.errors import TargetError, ValueOutOfRange
-from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget, _table
+from pgcdc.targets import TABLE_PROPERTIES, DeltaTarget, _table, delta
 from pgcdc.targets._merge import Writer
 from pgcdc.targets._meta import COLUMNS, PARTIAL, last_commit
 
@@ -202,6 +203,32 @@ def test_a_table_kept_open_is_read_anew_now_and_then(
         (3, "n3"),
         (4, "n4"),
     ]
+
+
+def test_a_chunk_that_loses_to_a_change_of_metadata_is_appended_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks of a copy are appended side by side, each by a target of its own; another
+    chunk's first open may set pgcdc's table properties (a table made with other values)
+    between this one's read of the table and its commit: the append is made again."""
+    t = target(tmp_path, "mirror")
+    t.reset(REL)
+    other = DeltaTable(t.path)
+    real = delta.write_deltalake
+    calls = []
+
+    def racing(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:  # another writer changes the metadata first
+            other.alter.set_table_properties({"delta.logRetentionDuration": "interval 1 days"})
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(delta, "write_deltalake", racing)
+    chunk = pa.table({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "doc": [None, "d"]})
+    t.write_chunk(chunk, "public.items:0", 0x100, 0)
+    assert len(calls) == 2
+    assert t.copied_chunks(0x100) == {"public.items:0": 2}
+    assert rows(t.to_arrow(), "id", "name") == [(1, "a"), (2, "b")]
 
 
 def test_replica_identity_full_without_key(tmp_path: Path) -> None:
@@ -573,7 +600,6 @@ def test_an_insert_of_a_key_the_target_holds_is_merged(tmp_path: Path, mode: str
 def test_key_filter_names_the_batch_keys_as_literals() -> None:
     """The target-only condition a MERGE gets, so that delta-rs prunes files by their
     statistics: the first key column's values, a range when they are many, NULL-safe."""
-    import pyarrow as pa
 
     from pgcdc.targets import _arrow
     from pgcdc.targets._merge import key_filter
@@ -591,7 +617,6 @@ def test_key_filter_names_the_batch_keys_as_literals() -> None:
 def test_table_properties_are_given_to_tables_made_before(tmp_path: Path) -> None:
     """A table made without pgcdc's properties (or with other values) gets them, and the
     target's own, when a target opens it."""
-    import pyarrow as pa
     from deltalake import write_deltalake
 
     path = tmp_path / "mirror"

@@ -64,6 +64,7 @@ import deltalake
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
 from pgcdc.errors import TargetError
@@ -123,6 +124,8 @@ SMALL_FILES = 16
 VACUUM_EVERY = 500
 VACUUM_SECONDS = 300.0
 MERGE_ON_READ_EVERY = 25
+#: Attempts at appending a copy's chunk (`DeltaTarget.write_chunk`).
+CHUNK_ATTEMPTS = 3
 
 
 class DeltaTarget(Target):
@@ -440,16 +443,29 @@ class DeltaTarget(Target):
         return pa.schema(fields)
 
     def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:
-        table = self.io.open()
-        if table is None:
-            raise TargetError(f"no Delta table at {self.path} (reset it first)")
+        """One chunk of a copy, appended in one commit that names it. The chunks of a copy
+        are appended side by side; one whose commit lost to a change of the table's metadata
+        (another chunk's first open setting pgcdc's table properties on a table made with
+        other values) is appended again on the table read anew."""
         if self.mode == "history":
             rows = history_columns(rows, point, position)
         metadata = {CHUNK_KEY: chunk, POINT_KEY: str(int(point)), ROWS_KEY: str(rows.num_rows)}
-        data = conform(rows, self.io.schema(table))
-        write_deltalake(
-            table, data, mode="append", commit_properties=CommitProperties(custom_metadata=metadata)
-        )
+        for attempt in range(CHUNK_ATTEMPTS):
+            table = self.io.open()
+            if table is None:
+                raise TargetError(f"no Delta table at {self.path} (reset it first)")
+            try:
+                write_deltalake(
+                    table,
+                    conform(rows, self.io.schema(table)),
+                    mode="append",
+                    commit_properties=CommitProperties(custom_metadata=metadata),
+                )
+                return
+            except CommitFailedError:
+                if attempt == CHUNK_ATTEMPTS - 1:
+                    raise
+                self.io.load()
 
     def copied_chunks(self, point: int) -> dict[str, int]:
         table = self.io.open()

@@ -462,9 +462,8 @@ class Writer:
     def remaining_copies(
         self, table: DeltaTable, plan: MultisetPlan, keys: pa.Table, schema: pa.Schema
     ) -> pa.Table:
-        """The target's current copies of each key with removals, minus the removed ones (a
-        history: all of them, the oldest ended at the removals' sequences). Raises when the
-        target holds fewer copies than the changes remove."""
+        """The target's current copies of each key with removals, read, minus the removed
+        ones (`copies_left`)."""
         history = self.mode == "history"
         names = list(next(iter(plan.images.values())).shape.key_names) if plan.removals else []
         wanted = [*names, START_AT] if history else names
@@ -473,35 +472,7 @@ class Writer:
         columns = [f.name for f in schema if f.name not in (START_AT, END_AT)]
         extra = [START_AT, END_AT] if history else []
         current = self.current(table, names, [*columns, *extra], keys.select(names), schema)
-        by_key: dict[Any, list[int]] = {}
-        for i, row in enumerate(current.select(names).to_pylist()):
-            by_key.setdefault(hashable(tuple(row.values())), []).append(i)
-        take: list[int] = []
-        ends: list[dict[str, int] | None] = []
-        starts = current.column(START_AT).to_pylist() if history else None
-        for typed, (key, removals) in zip(
-            keys.select(names).to_pylist(), plan.removals.items(), strict=True
-        ):
-            copies = by_key.get(hashable(tuple(typed.values())), [])
-            if len(copies) < len(removals):
-                image = plan.images[key]
-                raise TargetError(
-                    f"{image.shape.name}: {len(removals)} change(s) up to "
-                    f"{describe_seq(removals[-1])} remove a row the target holds "
-                    f"{len(copies)} time(s): "
-                    f"({', '.join(f'{k}={v}' for k, v in image.values.items())})"
-                )
-            if history:
-                assert starts is not None
-                copies.sort(key=lambda i: (starts[i]["commit_lsn"], starts[i]["ordinal"]))
-                take += copies
-                ends += [seq(at) for at in removals] + [None] * (len(copies) - len(removals))
-            else:
-                take += copies[len(removals) :]
-        kept = current.take(pa.array(take, pa.int64()))
-        if history:
-            kept = with_column(kept, END_AT, pa.array(ends, SEQUENCE_TYPE))
-        return kept
+        return copies_left(current, keys.select(names), plan, history)
 
     def append_rows(
         self,
@@ -629,3 +600,38 @@ def _replace_rows(
     pool = pa.concat_arrays([values, current.column(column).combine_chunks().cast(values.type)])
     chosen = np.where(positions >= 0, data.num_rows + positions, np.arange(data.num_rows))
     return data.set_column(at, column, pool.take(pa.array(chosen)))
+
+
+def copies_left(current: pa.Table, keys: pa.Table, plan: MultisetPlan, history: bool) -> pa.Table:
+    """Of the target's `current` copies of the keys with removals (`keys`, typed, in the
+    order of `plan.removals`), the ones left after the removals (a history: all of them,
+    the oldest ended at the removals' sequences). Raises when the target holds fewer copies
+    than the changes remove."""
+    names = keys.column_names
+    by_key: dict[Any, list[int]] = {}
+    for i, row in enumerate(current.select(names).to_pylist()):
+        by_key.setdefault(hashable(tuple(row.values())), []).append(i)
+    take: list[int] = []
+    ends: list[dict[str, int] | None] = []
+    starts = current.column(START_AT).to_pylist() if history else None
+    for typed, (key, removals) in zip(keys.to_pylist(), plan.removals.items(), strict=True):
+        copies = by_key.get(hashable(tuple(typed.values())), [])
+        if len(copies) < len(removals):
+            image = plan.images[key]
+            raise TargetError(
+                f"{image.shape.name}: {len(removals)} change(s) up to "
+                f"{describe_seq(removals[-1])} remove a row the target holds "
+                f"{len(copies)} time(s): "
+                f"({', '.join(f'{k}={v}' for k, v in image.values.items())})"
+            )
+        if history:
+            assert starts is not None
+            copies.sort(key=lambda i: (starts[i]["commit_lsn"], starts[i]["ordinal"]))
+            take += copies
+            ends += [seq(at) for at in removals] + [None] * (len(copies) - len(removals))
+        else:
+            take += copies[len(removals) :]
+    kept = current.take(pa.array(take, pa.int64()))
+    if history:
+        kept = with_column(kept, END_AT, pa.array(ends, SEQUENCE_TYPE))
+    return kept

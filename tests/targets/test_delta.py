@@ -505,6 +505,33 @@ def test_a_maintenance_pass_not_asked_for_at_its_version_comes_later(
     assert not t.maintain()
 
 
+def test_a_merge_on_read_pass_sweeps_only_as_often_as_a_vacuum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_path: str
+) -> None:
+    """Vacuum and collection list every file of the table and go over every remove within
+    the retention: a pass of the deletion-vector policy (every MERGE_ON_READ_EVERY
+    versions) sweeps only once a vacuum is due (VACUUM_EVERY versions, or VACUUM_SECONDS)."""
+    from pgcdc.targets import _merge_on_read
+
+    if write_path == "copy-on-write":
+        pytest.skip("the deletion-vector policy's")
+    monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 2)
+    monkeypatch.setattr(delta, "VACUUM_EVERY", 6)
+    sweeps: list[bool] = []
+    real = _merge_on_read.maintain_deletion_vectors
+
+    def recording(table: Any, policy: Any, *, sweep: bool) -> Any:
+        sweeps.append(sweep)
+        return real(table, policy, sweep=sweep)
+
+    monkeypatch.setattr(_merge_on_read, "maintain_deletion_vectors", recording)
+    t = target(tmp_path, "mirror")
+    for i in range(12):
+        t.apply(envelope(txn(0x100 * (i + 1), insert(REL, id=i, name="n"))))
+        t.maintain()
+    assert sweeps == [False, False, True, False, False, True]
+
+
 @pytest.mark.parametrize("deletion_vectors", [False, True])
 def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deletion_vectors: bool

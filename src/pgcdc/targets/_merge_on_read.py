@@ -171,13 +171,14 @@ class MergeOnRead:
             metadata = dict(commit.custom_metadata or {})
         commit_delete_and_append(mor, removed, appended, txn, metadata)
 
-    def maintain(self, table: DeltaTable) -> None:
-        """Purge, compaction, collection, vacuum and a checkpoint, as the policy says."""
+    def maintain(self, table: DeltaTable, *, sweep: bool = True) -> None:
+        """Purge, compaction, a checkpoint, and with `sweep` vacuum and collection, as the
+        policy says."""
         mor = self.table(table)
         if mor is None:
             return
         try:
-            maintain_deletion_vectors(mor, self.policy)
+            maintain_deletion_vectors(mor, self.policy, sweep=sweep)
         except CommitConflict:  # another writer committed meanwhile: next time
             mor.refresh()
 

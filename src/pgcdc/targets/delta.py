@@ -85,6 +85,7 @@ from pgcdc.targets._meta import (
 )
 from pgcdc.targets._mor import logical_row_count
 from pgcdc.targets._resync import Reconciler
+from pgcdc.targets._schedule import PassSchedule
 from pgcdc.targets._table import TableIO
 from pgcdc.targets._typing import BatchTyping, bulk_history_rows, bulk_mirror_rows
 from pgcdc.targets.added_columns import FillSource
@@ -165,9 +166,7 @@ class DeltaTarget(Target):
         self.fills = fills
         self.properties = properties
         self.io = TableIO(self.path, mode, storage_options, properties)
-        self._next_vacuum = time.monotonic() + VACUUM_SECONDS
-        #: Per kind of maintenance, the version of its last pass (or the one it counts from).
-        self._passes: dict[str, int] = {}
+        self.schedule = PassSchedule(VACUUM_SECONDS)
         self.writer = Reconciler(self.io, mode)
 
     def __repr__(self) -> str:
@@ -568,11 +567,11 @@ class DeltaTarget(Target):
         itself (every ``delta.checkpointInterval`` commits) and drops expired log entries.
         A table written with deletion vectors is kept by their own policy instead, every
         `MERGE_ON_READ_EVERY` versions (`pgcdc.targets._mor.maintain`: files with many rows
-        deleted rewritten, small files compacted, unreferenced files collected, vacuum,
-        checkpoints). "Every N versions": once N versions have passed since the last
-        multiple of N this process saw, so a pass that comes later still comes. Whether a
-        pass ran. When none can be due yet, nothing is read (the driver asks often: on an
-        object store, reading on the log is a listing)."""
+        deleted rewritten, small files compacted, checkpoints; and, as often as a vacuum,
+        the vacuum and the collection of unreferenced files). "Every N versions": once N
+        versions have passed since the last multiple of N this process saw, so a pass that
+        comes later still comes. Whether a pass ran. When none can be due yet, nothing is
+        read (the driver asks often: on an object store, reading on the log is a listing)."""
         cached = self.io.cached
         if cached is not None and not self._may_be_due(cached):
             return False
@@ -581,45 +580,26 @@ class DeltaTarget(Target):
             return False
         version = table.version()
         if self.writer.mor.active(table):
-            if self._due("mor", version, MERGE_ON_READ_EVERY):
-                self.writer.mor.maintain(table)
-                return True
-            return False
-        now = time.monotonic()
-        compact = self._due("compact", version, COMPACT_EVERY)
+            if not self.schedule.due("mor", version, MERGE_ON_READ_EVERY):
+                return False
+            self.writer.mor.maintain(table, sweep=self.schedule.vacuum_due(version, VACUUM_EVERY))
+            return True
+        compact = self.schedule.due("compact", version, COMPACT_EVERY)
         if compact:
             self._compact(table)
-        vacuum = self._due("vacuum", version, VACUUM_EVERY) or now >= self._next_vacuum
+        vacuum = self.schedule.vacuum_due(version, VACUUM_EVERY)
         if vacuum:
             table.vacuum(retention_hours=None, dry_run=False, enforce_retention_duration=True)
-            self._next_vacuum = now + VACUUM_SECONDS
         return compact or vacuum
 
     def _may_be_due(self, table: DeltaTable) -> bool:
         """Whether a pass may be due, by the table as last read (no I/O)."""
-        version = table.version()
+        version, schedule = table.version(), self.schedule
         if self.writer.mor.active(table):
-            return self._passed("mor", version, MERGE_ON_READ_EVERY)
-        return (
-            time.monotonic() >= self._next_vacuum
-            or self._passed("compact", version, COMPACT_EVERY)
-            or self._passed("vacuum", version, VACUUM_EVERY)
+            return schedule.passed("mor", version, MERGE_ON_READ_EVERY)
+        return schedule.vacuum_may_be_due(version, VACUUM_EVERY) or schedule.passed(
+            "compact", version, COMPACT_EVERY
         )
-
-    def _passed(self, kind: str, version: int, every: int) -> bool:
-        """Whether `every` versions have passed since the last pass of `kind`; counted, the
-        first time asked, from the multiple of `every` before."""
-        if not version:
-            return False
-        last = self._passes.setdefault(kind, (version - 1) // every * every)
-        return version - last >= every
-
-    def _due(self, kind: str, version: int, every: int) -> bool:
-        """`_passed`, and then the pass counted as made now."""
-        if not self._passed(kind, version, every):
-            return False
-        self._passes[kind] = version
-        return True
 
     def _compact(self, table: DeltaTable) -> None:
         size = int(self.io.properties["delta.targetFileSize"])

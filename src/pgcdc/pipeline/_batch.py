@@ -1,7 +1,7 @@
 """A batch of spooled transactions applied to every target: one `TableWork` per table with
 changes (its column types resolved on the driver), run by the driver itself unless a large
-backlog waits, else by a Spark job; a table whose changes fail under ``on_error = "quarantine"`` is
-set aside; the batch's line goes to the batch log and the metrics.
+backlog waits (then by a Spark job); a table whose changes fail under ``on_error =
+"quarantine"`` is set aside; the batch's line goes to the batch log and the metrics.
 """
 
 from __future__ import annotations

@@ -216,9 +216,9 @@ def test_targets_the_driver_applies_batches_to_are_maintained_between_them(
     passes: list[str] = []
     original = merge_on_read.maintain_deletion_vectors
 
-    def counted(table: Any, policy: Any = None) -> Any:
+    def counted(table: Any, policy: Any = None, **options: Any) -> Any:
         passes.append(table.uri)
-        return original(table, policy)
+        return original(table, policy, **options)
 
     monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 3)
     monkeypatch.setattr(merge_on_read, "maintain_deletion_vectors", counted)

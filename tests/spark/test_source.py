@@ -174,7 +174,7 @@ def test_missing_slot_is_one_clear_error(spark: Any, pg: Database, tmp_path: Pat
 
 
 def test_a_slot_behind_the_checkpoint_sends_ddl_the_stream_had_seen(
-    spark: Any, pg: Database, tmp_path: Path
+    spark: Any, pg_one: Database, tmp_path: Path
 ) -> None:
     """Spark committed a batch, the slot was not confirmed past it (a crash in between; a
     standby's copy of the slot after a failover), and it held DDL: the slot sends it again,
@@ -182,32 +182,37 @@ def test_a_slot_behind_the_checkpoint_sends_ddl_the_stream_had_seen(
     after the checkpoint still says what each column is (a change of before the swap, read
     with the catalog of now, made the later ones swap a and b)."""
     slot, publication = unique("spark"), unique("pub")
-    pg.execute(
+    pg_one.execute(
         f"CREATE TABLE s (id int PRIMARY KEY, a int, b int); CREATE PUBLICATION {publication}"
         " FOR TABLE s"
     )
-    pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-    options = source_options(pg, slot, publication)
+    pg_one.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    options = source_options(pg_one, slot, publication)
     checkpoint = tmp_path / "ck"
-    pg.execute("INSERT INTO s VALUES (1, 10, 20)")
+    pg_one.execute("INSERT INTO s VALUES (1, 10, 20)")
     assert len(collect_stream(spark, options, checkpoint)) == 1
     behind = unique("behind")
-    pg.execute(f"SELECT pg_copy_logical_replication_slot('{slot}', '{behind}')")
+    pg_one.execute(f"SELECT pg_copy_logical_replication_slot('{slot}', '{behind}')")
     try:
-        pg.execute("INSERT INTO s VALUES (2, 11, 21)")
-        pg.execute("ALTER TABLE s RENAME a TO t; ALTER TABLE s RENAME b TO a;")
-        pg.execute("ALTER TABLE s RENAME t TO b; UPDATE s SET a = 0 WHERE id = 2")
+        pg_one.execute("INSERT INTO s VALUES (2, 11, 21)")
+        pg_one.execute("ALTER TABLE s RENAME a TO t; ALTER TABLE s RENAME b TO a;")
+        pg_one.execute("ALTER TABLE s RENAME t TO b; UPDATE s SET a = 0 WHERE id = 2")
         assert [r.op for _, rows in collect_stream(spark, options, checkpoint) for r in rows] == [
             "insert",
             "update",
         ]
-        pg.execute("INSERT INTO s VALUES (3, 12, 22)")
-        pg.execute("ALTER TABLE s ADD COLUMN c int")
-        wait_for(lambda: not slot_row(pg, slot)["active"], timeout=60, what="the session to end")
-        pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
-        pg.execute(f"SELECT pg_copy_logical_replication_slot('{behind}', '{slot}')")
+        pg_one.execute("INSERT INTO s VALUES (3, 12, 22)")
+        pg_one.execute("ALTER TABLE s ADD COLUMN c int")
+
+        def ended() -> bool:
+            row = slot_row(pg_one, slot)
+            return row is not None and not row["active"]
+
+        wait_for(ended, timeout=60, what="the session to end")
+        pg_one.execute(f"SELECT pg_drop_replication_slot('{slot}')")
+        pg_one.execute(f"SELECT pg_copy_logical_replication_slot('{behind}', '{slot}')")
         (row,) = [r for _, rows in collect_stream(spark, options, checkpoint) for r in rows]
     finally:
-        pg.execute(f"SELECT pg_drop_replication_slot('{behind}')")
+        pg_one.execute(f"SELECT pg_drop_replication_slot('{behind}')")
     assert row.op == "insert" and dict(row.after) == {"id": "3", "b": "12", "a": "22"}
     assert {c.name: c.attnum for c in row.columns} == {"id": 1, "b": 2, "a": 3}

@@ -43,6 +43,37 @@ def test_messages_older_than_the_hold_do_not_lead_the_later_ones(pg_one: Databas
         assert not identities.rereads(relid, 400)
 
 
+@pytest.mark.parametrize(
+    ("ddl", "after", "expected"),
+    [
+        # a column dropped and added again under its name (same type): a new attnum
+        ("ALTER TABLE s DROP b; ALTER TABLE s ADD b int", ("id", "a", "b"), (1, 2, 4)),
+        # a column renamed, another added under its old name
+        (
+            "ALTER TABLE s RENAME a TO x; ALTER TABLE s ADD a int",
+            ("id", "x", "b", "a"),
+            (1, 2, 3, 4),
+        ),
+        # a column dropped, another renamed to its name
+        ("ALTER TABLE s DROP a; ALTER TABLE s RENAME b TO a", ("id", "a"), (1, 3)),
+    ],
+)
+def test_the_first_message_after_the_hold_is_right_whatever_the_ddl_before_it(
+    pg_one: Database, ddl: str, after: tuple[str, ...], expected: tuple[int, ...]
+) -> None:
+    """The class beside the swap: other DDL between a held message and the first one after
+    the hold, with the catalog further still (a column added)."""
+    pg_one.execute("CREATE TABLE s (id int, a int, b int)")
+    relid = pg_one.execute("SELECT 's'::regclass::oid")[0][0]
+    pg_one.execute(ddl)
+    pg_one.execute("ALTER TABLE s ADD COLUMN c int")
+    with contextlib.closing(Catalog(pg_one.dsn)) as catalog:
+        identities = ColumnIdentities(catalog)
+        identities.hold(200)
+        identities(_relation(relid, "id", "a", "b"), None, 100)
+        assert identities(_relation(relid, *after), None, 300) == expected
+
+
 def test_a_point_seeded_without_columns_holds_that_relation_only(pg_one: Database) -> None:
     """A table whose consumers recorded no columns (its targets emptied for a copy, its
     pending change log holding changes to a point) is seeded with the point alone: as a

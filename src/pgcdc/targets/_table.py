@@ -1,6 +1,7 @@
 """One Delta table as a target holds it: opened once and kept between batches (its log read
-again only from the version it knows: `update_incremental`), created with the target's mode,
-source and table properties, read through DataFusion.
+again only from the version it knows: `update_incremental`; pgcdc's own merge-on-read
+commits only when something needs them: `pgcdc.targets._mor.kept`), created with the
+target's mode, source and table properties, read through DataFusion.
 
 The table properties bound what a batch rewrites and what the lake keeps (`TABLE_PROPERTIES`,
 each one overridable per target): a MERGE writes files of at most ``delta.targetFileSize``
@@ -30,6 +31,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, TableFeatures,
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._arrow import conform
+from pgcdc.targets._mor.kept import KeptTable
 from pgcdc.targets._mor.log import local_log_dir, update
 from pgcdc.targets.base import Mode
 
@@ -43,7 +45,7 @@ TABLE_PROPERTIES = {
 }
 #: And a local table's.
 LOCAL_PROPERTIES = {"delta.enableDeletionVectors": "true"}
-#: A DeltaTable kept open is read anew after this many versions (`TableIO._renew`).
+#: A DeltaTable kept open is read anew after this many versions (`KeptTable.read_anew`).
 RENEW_EVERY = 200
 
 
@@ -62,9 +64,9 @@ class TableIO:
         self.storage_options = storage_options
         local = {} if "://" in path and not path.startswith("file://") else LOCAL_PROPERTIES
         self.properties = {**TABLE_PROPERTIES, **local, **(properties or {})}
-        self._table: DeltaTable | None = None
+        self._table: KeptTable | None = None
         self._log_dir = local_log_dir(path)
-        #: The version the DeltaTable was last read anew at (`load`, `_renew`).
+        #: The version the DeltaTable was last read anew at (`load`, `KeptTable.read_anew`).
         self._loaded_at = -1
         #: Per application id: its transaction's version (the watermark) as of a version of
         #: the table (the DeltaTable it was read from, the version, the watermark).
@@ -78,7 +80,8 @@ class TableIO:
             try:
                 update(table, self._log_dir)
                 if table.version() - self._loaded_at >= RENEW_EVERY:
-                    self._renew(table)
+                    table.read_anew()
+                    self._loaded_at = table.version()
                 return table
             except Exception:  # removed, or replaced under us: read it anew
                 self._table = None
@@ -100,22 +103,11 @@ class TableIO:
         """The table as last read, its log not read on (None before the first read)."""
         return self._table
 
-    def load(self) -> DeltaTable:
+    def load(self) -> KeptTable:
         """The table read anew."""
-        self._table = DeltaTable(self.path, storage_options=self.storage_options)
+        self._table = KeptTable(self.path, storage_options=self.storage_options)
         self._loaded_at = self._table.version()
         return self._table
-
-    def _renew(self, table: DeltaTable) -> None:
-        """`table`, the same object (what holds it, such as the deletion-vector writer's
-        state, stays valid), read anew from its latest checkpoint. A DeltaTable kept open
-        reads each new commit (`update_incremental`) at a cost that grows with the commits
-        read since it was opened (measured, a local table: 3 ms per batch at first, 15 ms
-        after 1,500 commits, 290 ms after 15,000); read anew, it starts from the
-        checkpoint again."""
-        fresh = DeltaTable(self.path, storage_options=self.storage_options)
-        table._table = fresh._table
-        self._loaded_at = table.version()
 
     def create(self, schema: pa.Schema, source: str) -> DeltaTable:
         configuration = {**self.properties, "pgcdc.mode": self.mode, "pgcdc.source": source}

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._mor.format import Rows, sorted_rows, union, write_dv_file
+from pgcdc.targets._mor.kept import wrote
 from pgcdc.targets._mor.log import commit_path
 from pgcdc.targets._mor.stats import file_stats, indexed_columns
 from pgcdc.targets._mor.table import MergeOnReadTable
@@ -222,7 +223,7 @@ def commit_delete_and_append(
     transaction `(app_id, version)` and `custom_metadata` in its commit info.
 
     CommitConflict when another writer committed first (nothing is left behind); the
-    DeltaTable sees the new version afterwards (`update_incremental`)."""
+    DeltaTable is at the new version afterwards (`kept.wrote`)."""
     table.sync()
     read_version = table.state.version
     now = table.now_ms()
@@ -278,7 +279,7 @@ def commit_delete_and_append(
                 os.unlink(local)
         raise
     table.state.apply(read_version + 1, actions)
-    table.table.update_incremental()
+    wrote(table.table, read_version + 1)
     table.sync()
     table.forget_deleted()
     return CommitResult(

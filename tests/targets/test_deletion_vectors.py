@@ -17,8 +17,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from hypothesis import given, settings
@@ -365,6 +367,35 @@ def test_a_row_updated_again_in_our_own_new_file(tmp_path: Path) -> None:
     assert len(with_dv) == 6  # the base file and five of our appended files
     assert {a["deletionVector"]["cardinality"] for a in with_dv} == {2}
     assert DeltaTable(oracle.path).history(1)[0]["operation"] == "MERGE"
+
+
+def test_the_files_a_batch_appended_are_read_from_memory_as_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next batch finds its keys in the file the last one appended without reading it
+    back (`remember_written`); what it reads equals the file's contents on disk, a subset
+    of rows too, and a column the file predates comes from disk (nulls)."""
+    oracle = Oracle(tmp_path / "t", 1000, 5)
+    oracle.our_batch(5, 0, 5)
+    appended = [p for p, a in oracle.mor.state.adds.items() if not a.get("deletionVector")][-1]
+    opened: list[str] = []
+    parquet_file = pq.ParquetFile
+    monkeypatch.setattr(
+        pq, "ParquetFile", lambda path, *a, **k: opened.append(path) or parquet_file(path, *a, **k)
+    )
+    keys = pa.table({"id": oracle.pick(1000)})
+    oracle.locator.locate(keys)
+    assert not [p for p in opened if appended in str(p)]
+    opened.clear()
+    names = ["s", "id", "v"]
+    fresh = MergeOnReadTable(DeltaTable(oracle.path))
+    rows = np.array([4, 0, 2], np.uint64)
+    assert oracle.mor.read_file(appended, names) == fresh.read_file(appended, names)
+    assert oracle.mor.read_file(appended, names, rows) == fresh.read_file(appended, names, rows)
+    assert len(opened) == 2  # the fresh table's reads only
+    oracle.mor.table.alter.add_columns(deltalake.Field("w", "long"))
+    oracle.mor.sync()
+    assert oracle.mor.read_file(appended, ["id", "w"]).column("w").null_count == 10
 
 
 def test_composite_and_string_keys_and_partitions(tmp_path: Path) -> None:

@@ -172,9 +172,11 @@ def write_data_files(
             f.flush()
             os.fsync(f.fileno())
         stats = file_stats(part, stats_columns)
+        path = quote(relative, safe="/=")
+        table.remember_written(path, part)
         adds.append(
             {
-                "path": quote(relative, safe="/="),
+                "path": path,
                 "partitionValues": values,
                 "size": os.path.getsize(local),
                 "modificationTime": now,

@@ -53,6 +53,8 @@ _READER_FEATURES = frozenset(
 )
 #: delta.deletedFileRetentionDuration when the table sets none (the protocol's default).
 _DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+#: The bytes of the data files written last that a table keeps in memory (`remember_written`).
+WRITTEN_BYTES = 32 << 20
 _UNITS_MS = {
     "millisecond": 1,
     "second": 1000,
@@ -157,6 +159,7 @@ class MergeOnReadTable:
             raise DeletionVectorsUnsupported(f"{table.table_uri}: {problem}")
         self.state = LogState.read(self.table_dir, table.version())
         self._deleted: dict[str, Rows] = {}  # DV unique id -> its rows
+        self._written: dict[str, pa.Table] = {}  # log path -> the rows written, oldest first
 
     @property
     def uri(self) -> str:
@@ -205,11 +208,25 @@ class MergeOnReadTable:
         """The rows of a DV this process wrote (its file need not be read back)."""
         self._deleted[dv.unique_id] = rows
 
+    def remember_written(self, path: str, rows: pa.Table) -> None:
+        """The rows of a data file this process wrote (`path` as the log names it; every
+        column, in the table's types): `read_file` takes them from memory while the file is
+        among the latest written (`WRITTEN_BYTES`), so the next batch's key index of a
+        file the last one appended is not read back from disk."""
+        if rows.nbytes > WRITTEN_BYTES:
+            return
+        self._written[path] = rows
+        total = sum(t.nbytes for t in self._written.values())
+        while total > WRITTEN_BYTES:
+            total -= self._written.pop(next(iter(self._written))).nbytes
+
     def forget_deleted(self) -> None:
-        """Drops cached DVs no live file uses."""
+        """Drops cached DVs no live file uses, and the rows of files no longer live."""
         live = {dv.unique_id for p in self.state.adds if (dv := self.deletion_vector(p))}
         for key in [k for k in self._deleted if k not in live]:
             del self._deleted[key]
+        for path in [p for p in self._written if p not in self.state.adds]:
+            del self._written[path]
 
     def num_records(self, path: str) -> int:
         """The rows of live file `path` (deleted ones included): its statistics, else its
@@ -225,6 +242,13 @@ class MergeOnReadTable:
         null; partition columns come from the log). All rows, or the `rows` given."""
         add = self.state.adds[path]
         schema = self.arrow_schema()
+        written = self._written.get(path)
+        if written is not None and all(
+            n in written.column_names and written.schema.field(n).type == schema.field(n).type
+            for n in names
+        ):
+            data = written.select(list(names))
+            return data if rows is None else data.take(pa.array(rows.astype(np.int64)))
         parquet = pq.ParquetFile(self.file_path(path))
         present = set(parquet.schema_arrow.names)
         wanted = [n for n in names if n in present]

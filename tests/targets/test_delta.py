@@ -457,6 +457,38 @@ def test_changelog_appends_the_envelope_once(tmp_path: Path) -> None:
     assert dict(update_row["after"]) == {"id": "1", "name": None}
 
 
+def test_a_changelog_records_the_columns_as_of_its_last_change(tmp_path: Path) -> None:
+    """As a mirror's batch does (a table's pending change log is one of the consumers a
+    restart seeds the columns from): the relation as of the batch's last change, whatever
+    the rows' order, with the columns' identities."""
+    t = target(tmp_path, "changelog")
+    assert t.recorded_columns() is None
+    renamed = relation(("id", INT4, True), ("title", TEXT), ("doc", TEXT))
+    batch = envelope(
+        txn(0x100, insert(REL, id=1, name="a")),
+        txn(0x200, update(renamed, {"id": 1, "title": "b", "doc": "d"})),
+        reverse=True,
+    )
+    names = ["id", "title", "doc"]
+    attnums = pa.array(
+        [
+            [{**c, "attnum": i + 1} for i, c in enumerate(cs)]
+            for cs in batch.column("columns").to_pylist()
+        ]
+    )
+    batch = batch.set_column(
+        batch.schema.get_field_index("columns"),
+        "columns",
+        attnums.cast(batch.schema.field("columns").type),
+    )
+    t.apply(batch)
+    got = t.recorded_columns()
+    assert got is not None
+    assert [(c.name, c.attnum, c.key) for c in got] == [
+        (n, i + 1, n == "id") for i, n in enumerate(names)
+    ]
+
+
 def test_a_refused_batch_leaves_nothing_behind(tmp_path: Path) -> None:
     """A value the out-of-range policy refuses fails the batch before any write, and none of
     its rows leak into the next batch."""

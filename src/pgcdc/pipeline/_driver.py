@@ -377,10 +377,10 @@ class Pipeline:
             # recorded as of that point: the slot sends again what came before, which every
             # consumer skips (see `ColumnIdentities`); a table whose changes go to its pending
             # change log (a copy under way, a quarantine) has its targets emptied or left
-            # behind, and the log counts too (it records no columns)
+            # behind, and the log counts too
             held = [(t.watermark, t.recorded_columns()) for _, t in targets]
             if table in self.tables.pending:
-                held.append((self.copies.pending_watermark(table), None))
+                held.append(self.copies.pending_held(table))
             recorded, at = seed_point(held)
             columns = [(c.attnum, (c.name, c.type_oid, c.type_modifier)) for c in recorded or ()]
             identities.seed(bindings.oids[table], columns, at)

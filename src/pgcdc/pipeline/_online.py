@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pyarrow.compute as pc
 
+from pgcdc.envelope import ColumnInfo
 from pgcdc.errors import PgcdcError, PipelineFailed
 from pgcdc.pipeline._copy import InitialCopy, TableProgress
 from pgcdc.pipeline._tables import FollowedTables
@@ -119,12 +120,14 @@ class OnlineCopies:
         """Where the table's pending change log is (a Delta table in the state)."""
         return self.state.location(pending_name(table))
 
-    def pending_watermark(self, table: str) -> int | None:
-        """The last commit LSN the table's pending change log holds (None: it holds none)."""
+    def pending_held(self, table: str) -> tuple[int | None, tuple[ColumnInfo, ...] | None]:
+        """The last commit LSN the table's pending change log holds (None: it holds none),
+        and the relation's columns as of it (None: not recorded)."""
         log = TargetSpec(
             self.pending_location(table), "changelog", storage_options=self.state.storage_options
         )
-        return open_target(log, app_id=self.config.app_id).watermark
+        target = open_target(log, app_id=self.config.app_id)
+        return target.watermark, target.recorded_columns()
 
     def drain(self, table: str) -> None:
         """The table's copy is in: apply what the stream brought meanwhile (the targets skip

@@ -224,7 +224,10 @@ class DeltaTarget(Target):
         high = pc.max(rows.column("commit_lsn")).as_py()
         typing = BatchTyping(self.registry, self.options, self.mode, self.fills)
         if self.mode == "changelog":
-            commit = CommitProperties(app_transactions=[Transaction(self.app_id, high)])
+            commit = CommitProperties(
+                app_transactions=[Transaction(self.app_id, high)],
+                custom_metadata=_last_columns(rows),
+            )
             upserts, deletes, version, writing = self._append(table, rows, commit)
         elif (bulk := self._bulk(rows)) is not None:
             upserts, deletes, version, writing = self._apply_bulk(
@@ -607,6 +610,27 @@ class DeltaTarget(Target):
         small = pc.sum(pc.less(actions.column("size_bytes"), size // 4)).as_py() or 0
         if small >= SMALL_FILES:
             table.optimize.compact(target_size=size)
+
+
+def _last_columns(rows: pa.Table) -> dict[str, str] | None:
+    """A change log's commit metadata: the columns of the relation as of the batch's last
+    row that has them (a change; a message has none), as a mirror's batch records them
+    (`batch_commit`): what a restart reads the slot's Relation messages against
+    (`pgcdc.pipeline._columns`). None when no row has columns."""
+    counts = pc.list_value_length(rows.column("columns"))
+    rows = rows.filter(pc.fill_null(pc.greater(counts, 0), False))
+    if not rows.num_rows:
+        return None
+    order = pc.sort_indices(
+        rows.select(["commit_lsn", "ordinal"]),
+        [("commit_lsn", "descending"), ("ordinal", "descending")],
+    )
+    last = rows.column("columns")[order[0].as_py()].as_py()
+    columns = [
+        ColumnInfo(c["name"], c["type_oid"], c["type_modifier"], bool(c["key"]), c["attnum"] or 0)
+        for c in last
+    ]
+    return {COLUMNS: recorded_columns(columns)}
 
 
 def _renamed(changes: list[Change], naming: Naming) -> list[Change]:

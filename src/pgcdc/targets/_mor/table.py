@@ -159,7 +159,8 @@ class MergeOnReadTable:
             raise DeletionVectorsUnsupported(f"{table.table_uri}: {problem}")
         self.state = LogState.read(self.table_dir, table.version())
         self._deleted: dict[str, Rows] = {}  # DV unique id -> its rows
-        self._written: dict[str, pa.Table] = {}  # log path -> the rows written, oldest first
+        #: Log path -> the rows written and their bytes, oldest first.
+        self._written: dict[str, tuple[pa.Table, int]] = {}
 
     @property
     def uri(self) -> str:
@@ -213,12 +214,13 @@ class MergeOnReadTable:
         column, in the table's types): `read_file` takes them from memory while the file is
         among the latest written (`WRITTEN_BYTES`), so the next batch's key index of a
         file the last one appended is not read back from disk."""
-        if rows.nbytes > WRITTEN_BYTES:
+        size = rows.nbytes  # (not cheap: once per file)
+        if size > WRITTEN_BYTES:
             return
-        self._written[path] = rows
-        total = sum(t.nbytes for t in self._written.values())
+        self._written[path] = (rows, size)
+        total = sum(size for _, size in self._written.values())
         while total > WRITTEN_BYTES:
-            total -= self._written.pop(next(iter(self._written))).nbytes
+            total -= self._written.pop(next(iter(self._written)))[1]
 
     def forget_deleted(self) -> None:
         """Drops cached DVs no live file uses, and the rows of files no longer live."""
@@ -242,7 +244,7 @@ class MergeOnReadTable:
         null; partition columns come from the log). All rows, or the `rows` given."""
         add = self.state.adds[path]
         schema = self.arrow_schema()
-        written = self._written.get(path)
+        written, _ = self._written.get(path, (None, 0))
         if written is not None and all(
             n in written.column_names and written.schema.field(n).type == schema.field(n).type
             for n in names

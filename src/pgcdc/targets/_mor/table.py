@@ -53,8 +53,9 @@ _READER_FEATURES = frozenset(
 )
 #: delta.deletedFileRetentionDuration when the table sets none (the protocol's default).
 _DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
-#: The bytes of the data files written last that a table keeps in memory (`remember_written`).
-WRITTEN_BYTES = 32 << 20
+#: The bytes of the data files written last that a table keeps in memory (`remember_written`;
+#: per target: a batch's appended file is well within it, a compaction's is read back).
+WRITTEN_BYTES = 4 << 20
 _UNITS_MS = {
     "millisecond": 1,
     "second": 1000,

@@ -231,6 +231,24 @@ def test_a_chunk_that_loses_to_a_change_of_metadata_is_appended_again(
     assert rows(t.to_arrow(), "id", "name") == [(1, "a"), (2, "b")]
 
 
+def test_a_copys_mark_records_the_columns_of_its_reset(tmp_path: Path) -> None:
+    """A copy resets the target (the columns, what each is), appends its chunks (no
+    columns), then marks its point: the mark records the reset's columns, however many
+    chunks came between, so a restart after the copy knows them as of the watermark (it
+    went by name, fault injection `failover-17-56`: a swap after the copy had its values
+    moved between the swapped names)."""
+    t = target(tmp_path, "mirror")
+    t.reset(REL, attnums=[1, 4, 6])
+    chunk = pa.table({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "doc": [None, "d"]})
+    for i in range(8):
+        t.write_chunk(chunk.slice(i % 2, 1), f"public.items:{i}", 0x100, 0)
+    t.mark(0xFF)
+    got = t.recorded_columns()
+    assert got is not None
+    assert [(c.name, c.attnum) for c in got] == [("id", 1), ("name", 4), ("doc", 6)]
+    assert t.watermark == 0xFF
+
+
 def test_replica_identity_full_without_key(tmp_path: Path) -> None:
     full = relation(("id", INT4), ("name", TEXT), ("doc", TEXT), identity="f")
     t = target(tmp_path, "mirror")

@@ -30,6 +30,7 @@ __all__ = [
     "ROWS_KEY",
     "batch_commit",
     "last_commit",
+    "latest_columns",
     "partial_commit",
     "partial_seq",
     "recorded",
@@ -107,6 +108,16 @@ def last_commit(table: DeltaTable | None, location: str | None = None) -> dict[s
         if PARTIAL in commit or COLUMNS in commit:
             return commit
     return {}
+
+
+def latest_columns(table: DeltaTable) -> str | None:
+    """The `COLUMNS` of the newest commit that recorded them (None: none did), however far
+    back: what a commit that holds no change (an initial copy's mark, after its reset and
+    its chunks) records again, so that the next run knows the columns as of its watermark."""
+    for commit in table.history():
+        if COLUMNS in commit:
+            return str(commit[COLUMNS])
+    return None
 
 
 def _commit_info(log_dir: str, version: int) -> dict[str, Any] | None:

@@ -77,6 +77,7 @@ from pgcdc.targets._meta import (
     ROWS_KEY,
     batch_commit,
     last_commit,
+    latest_columns,
     partial_commit,
     partial_seq,
     recorded,
@@ -482,11 +483,18 @@ class DeltaTarget(Target):
 
     def mark(self, watermark: int) -> None:
         """Record `watermark` without data: an initial copy's point, from where the stream
-        applies changes."""
+        applies changes; with the columns the copy recorded (`reset`), which a restart
+        reads the slot's Relation messages against and the first batch follows the
+        target's columns from (without them, both went by name: columns renamed or
+        swapped meanwhile had their values moved to each other's names)."""
         table = self.io.open()
         if table is None:
             raise TargetError(f"no Delta table at {self.path}")
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, watermark)])
+        columns = latest_columns(table)
+        commit = CommitProperties(
+            app_transactions=[Transaction(self.app_id, watermark)],
+            custom_metadata=None if columns is None else {COLUMNS: columns},
+        )
         self.io.mark(table, commit)
 
     def reconcile(

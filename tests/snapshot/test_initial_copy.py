@@ -118,6 +118,29 @@ def test_copy_under_writes_then_stream(spark: Any, pg: Database, tmp_path: Path)
     assert_identical(pg, config)
 
 
+def test_names_swapped_after_the_copy_follow_their_columns(
+    spark: Any, pg_one: Database, tmp_path: Path
+) -> None:
+    """The copy's mark records the columns the copy wrote, however many chunks came between:
+    two names swapped between the copy and the next run are followed by what the columns
+    are (the run went by name before: each column's values stayed under its old name;
+    fault injection `failover-17-56`)."""
+    pg = pg_one
+    slot, publication = setup(pg, 3000)
+    lake = tmp_path / "lake"
+    config = config_for(pg, slot, publication, lake, chunk_blocks=2)
+    run_pipeline(spark, config)
+    assert len(chunk_commits(lake / "public.customers")) > 5
+    pg.execute(
+        "ALTER TABLE customers RENAME name TO swap;"
+        "ALTER TABLE customers RENAME notes TO name;"
+        "ALTER TABLE customers RENAME swap TO notes;"
+        "UPDATE customers SET balance = balance + 1 WHERE id = 7"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+
+
 def chunk_commits(path: Path) -> list[str]:
     from deltalake import DeltaTable
 

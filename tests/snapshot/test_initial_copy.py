@@ -141,6 +141,35 @@ def test_names_swapped_after_the_copy_follow_their_columns(
     assert_identical(pg, config)
 
 
+def test_names_swapped_after_a_table_added_later_follow_their_columns(
+    spark: Any, pg_one: Database, tmp_path: Path
+) -> None:
+    """The class beside it: a table added to a running pipeline's publication is copied
+    beside the stream, its targets marked at the copy's own point; names swapped after that
+    copy (and three columns turned around) are followed by what the columns are."""
+    pg = pg_one
+    slot, publication = setup(pg, 100)
+    lake = tmp_path / "lake"
+    config = config_for(pg, slot, publication, lake, chunk_blocks=2)
+    run_pipeline(spark, config)
+    pg.execute(
+        "CREATE TABLE later (id int PRIMARY KEY, a text, b text, c text);"
+        "INSERT INTO later SELECT g, 'a' || g, 'b' || g, 'c' || g "
+        "FROM generate_series(1, 5000) g;"
+        f"ALTER PUBLICATION {publication} ADD TABLE later"
+    )
+    config["tables"]["public.later"] = ["mirror", "history"]
+    run_pipeline(spark, config)
+    assert len(chunk_commits(lake / "public.later")) > 5
+    pg.execute(
+        "ALTER TABLE later RENAME a TO x; ALTER TABLE later RENAME b TO a;"
+        "ALTER TABLE later RENAME c TO b; ALTER TABLE later RENAME x TO c;"
+        "UPDATE later SET id = id WHERE id = 7"
+    )
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+
+
 def chunk_commits(path: Path) -> list[str]:
     from deltalake import DeltaTable
 

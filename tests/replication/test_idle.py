@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from pgcdc.embedded import Database
-from pgcdc.protocol import Commit, Insert, Lsn
+from pgcdc.protocol import Commit, Decoder, Insert, Lsn, XLogData, parse_frame
 from pgcdc.replication import LogicalStream, ReplicationConnection, StreamOptions
 
 from .helpers import (
@@ -190,3 +191,103 @@ def test_a_stream_calls_on_wait_before_each_wait(pg_one: Database) -> None:
         stream.stop()
     assert inserted == [b"1", b"2", b"3"]
     assert calls  # it waited for the insert's transaction
+
+
+def test_a_trickle_gathers_and_is_read_with_one_wait(pg_one: Database) -> None:
+    """With `gather_seconds`, a reader that caught up and waited for the socket pauses before
+    reading, and what follows arrives meanwhile: transactions committed one by one, 10 ms
+    apart, are read after one wait (without it, about a wait each), none lost or reordered."""
+    slot = setup_db(pg_one)
+
+    def trickle(gather: float) -> tuple[list[bytes], int]:
+        first = next(values)
+        with ReplicationConnection.connect(pg_one.dsn) as conn:
+            conn.start_replication(
+                slot, Lsn(0), StreamOptions(("pub_a",)).negotiate(conn.server_version)
+            )
+            conn.gather_seconds = gather
+            decoder = Decoder(1)
+
+            def inserted(data: bytes) -> bytes | None:
+                frame = parse_frame(data)
+                if isinstance(frame, XLogData):
+                    message = decoder.decode(frame.payload, frame.data_start)
+                    if isinstance(message, Insert):
+                        return message.new.values[0]
+                return None
+
+            while (data := conn.read_copy_data(0.3)) is not None:  # earlier rows, keepalives
+                inserted(data)
+            waits = 0
+            wait = conn._wait_readable
+
+            def counted(*args: Any) -> bool | None:
+                nonlocal waits
+                waited = wait(*args)
+                waits += bool(waited)  # the socket was waited for, not found readable
+                return waited
+
+            conn._wait_readable = counted  # type: ignore[method-assign]
+
+            def insert() -> None:
+                with pg_one.connect() as writer:
+                    for i in range(5):
+                        writer.execute("INSERT INTO a VALUES (%s)", (first * 10 + i,))
+                        time.sleep(0.01)
+
+            writer = threading.Thread(target=insert)
+            writer.start()
+            rows: list[bytes] = []
+            while len(rows) < 5:
+                data = conn.read_copy_data(10)
+                assert data is not None, "the trickle did not arrive"
+                if (value := inserted(data)) is not None:
+                    rows.append(value)
+            writer.join()
+            return rows, waits
+
+    values = itertools.count(1)
+    rows, waits = trickle(1.0)
+    assert rows == [str(10 + i).encode() for i in range(5)]
+    assert waits == 1
+    rows, waits = trickle(0.0)
+    assert rows == [str(20 + i).encode() for i in range(5)]
+    assert waits >= 3
+
+
+def test_a_backlog_is_read_without_gathering(pg_one: Database) -> None:
+    """The pause is for a trickle only: a reader that finds the socket readable (it is behind)
+    or read much since its last wait does not sleep, so a backlog (here 4 MB) is not slowed
+    down whatever `gather_seconds` says."""
+    pg_one.execute(
+        """CREATE TABLE wide (id int PRIMARY KEY, v text);
+           CREATE PUBLICATION pub_wide FOR TABLE wide;"""
+    )
+    slot = f"{pg_one.dbname}_backlog"
+    with ReplicationConnection.connect(pg_one.dsn) as conn:
+        conn.create_slot(slot)
+    for t in range(20):
+        pg_one.execute(
+            "INSERT INTO wide SELECT i, repeat(md5(i::text), 64) "
+            "FROM generate_series(%s::int, %s::int) i",
+            (t * 100, t * 100 + 99),
+        )
+    sleeps: list[float] = []
+    with ReplicationConnection.connect(pg_one.dsn) as conn:
+        conn.start_replication(
+            slot, Lsn(0), StreamOptions(("pub_wide",)).negotiate(conn.server_version)
+        )
+        conn.gather_seconds = 0.2
+        real_sleep = time.sleep
+        commits = 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
+            decoder = Decoder(1)
+            while commits < 20:
+                data = conn.read_copy_data(10)
+                assert data is not None, "the backlog did not arrive"
+                frame = parse_frame(data)
+                if isinstance(frame, XLogData):
+                    commits += isinstance(decoder.decode(frame.payload, frame.data_start), Commit)
+    # the first wait (nothing read before it) may pause; a pause per catching up would be many
+    assert len(sleeps) <= 2, sleeps

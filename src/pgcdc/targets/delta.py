@@ -207,7 +207,9 @@ class DeltaTarget(Target):
         watermark = None if table is None else self.io.watermark(table, self.app_id)
         total = rows.num_rows
         if watermark is not None and total:
-            rows = rows.filter(pc.greater(rows.column("commit_lsn"), pa.scalar(watermark)))
+            lsns = rows.column("commit_lsn")
+            if pc.min(lsns).as_py() <= watermark:  # (a filter copies every column)
+                rows = rows.filter(pc.greater(lsns, pa.scalar(watermark)))
         skipped = total - rows.num_rows
         if rows.num_rows == 0:
             return ApplyResult(0, skipped, 0, 0, watermark, None)

@@ -238,9 +238,11 @@ def test_a_trickle_gathers_and_is_read_with_one_wait(pg_one: Database) -> None:
             writer = threading.Thread(target=insert)
             writer.start()
             rows: list[bytes] = []
+            deadline = time.monotonic() + 30
             while len(rows) < 5:
-                data = conn.read_copy_data(10)
-                assert data is not None, "the trickle did not arrive"
+                assert time.monotonic() < deadline, "the trickle did not arrive"
+                if (data := conn.read_copy_data(1.0)) is None:  # (or a message in part)
+                    continue
                 if (value := inserted(data)) is not None:
                     rows.append(value)
             writer.join()
@@ -283,9 +285,11 @@ def test_a_backlog_is_read_without_gathering(pg_one: Database) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
             decoder = Decoder(1)
+            deadline = time.monotonic() + 30
             while commits < 20:
-                data = conn.read_copy_data(10)
-                assert data is not None, "the backlog did not arrive"
+                assert time.monotonic() < deadline, "the backlog did not arrive"
+                if (data := conn.read_copy_data(1.0)) is None:  # (or a message in part)
+                    continue
                 frame = parse_frame(data)
                 if isinstance(frame, XLogData):
                     commits += isinstance(decoder.decode(frame.payload, frame.data_start), Commit)

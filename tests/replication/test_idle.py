@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pgcdc.embedded import Database
+from pgcdc.errors import ReplicationError
 from pgcdc.protocol import Commit, Decoder, Insert, Lsn, XLogData, parse_frame
 from pgcdc.replication import LogicalStream, ReplicationConnection, StreamOptions
 
@@ -295,3 +296,43 @@ def test_a_backlog_is_read_without_gathering(pg_one: Database) -> None:
                     commits += isinstance(decoder.decode(frame.payload, frame.data_start), Commit)
     # the first wait (nothing read before it) may pause; a pause per catching up would be many
     assert len(sleeps) <= 2, sleeps
+
+
+def test_a_walsender_ended_while_a_trickle_gathers(pg_one: Database) -> None:
+    """The class beside the pause: the server ends the session during it. What arrived
+    before the end is read, then one precise error (no hang, no traceback of libpq's)."""
+    slot = setup_db(pg_one)
+    with ReplicationConnection.connect(pg_one.dsn) as conn:
+        conn.start_replication(
+            slot, Lsn(0), StreamOptions(("pub_a",)).negotiate(conn.server_version)
+        )
+        conn.gather_seconds = 1.0
+        while conn.read_copy_data(0.3) is not None:  # keepalives
+            pass
+
+        def insert_then_end() -> None:
+            pg_one.execute("INSERT INTO a VALUES (77)")
+            time.sleep(0.3)  # inside the reader's pause
+            pg_one.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (slot,),
+            )
+
+        ender = threading.Thread(target=insert_then_end)
+        ender.start()
+        decoder = Decoder(1)
+        inserted: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        with pytest.raises(ReplicationError) as ended:
+            while time.monotonic() < deadline:
+                if (data := conn.read_copy_data(1.0)) is None:
+                    continue
+                frame = parse_frame(data)
+                if isinstance(frame, XLogData):
+                    message = decoder.decode(frame.payload, frame.data_start)
+                    if isinstance(message, Insert):
+                        inserted.append(message.new.values[0])
+        ender.join()
+    assert inserted == [b"77"]
+    assert "\n" not in str(ended.value) and str(ended.value)

@@ -276,18 +276,20 @@ class ObjectStoreFileIO(FileIO):
             self._checked = True
 
     def read(self, name: str) -> bytes | None:
-        """The object as one version: delta-rs asks for its size, then for that many bytes,
-        and a rewrite in between would give the start of the new version. So its size is
-        asked again after the read: it changed, the read starts over."""
+        """The object as one version. delta-rs asks for its size, then for that many bytes,
+        so a rewrite in between gives the start of the new version, and a size asked again
+        afterwards can be the old one again (a rewrite back to a version of that size: seen
+        on Azure). So it is read twice: the same bytes twice, of the size asked each time,
+        are one version; a false match needs the same longer version under both reads and
+        another in between. Otherwise the read starts over."""
         self.check()
         try:
+            last = self._read_once(name)
             for _ in range(_READ_ATTEMPTS):
-                file = self._handler.open_input_file(name)
-                size = file.size()
-                data = file.read(size)
-                (now,) = self._handler.get_file_info([name])
-                if len(data) == size and now.is_file and now.size == size:
-                    return data
+                now = self._read_once(name)
+                if now is not None and now == last:
+                    return now
+                last = now
         except FileNotFoundError:
             return None
         except Exception as exc:
@@ -296,6 +298,13 @@ class ObjectStoreFileIO(FileIO):
             f"{self.location(name)}: cannot read it: it was rewritten during each of "
             f"{_READ_ATTEMPTS} reads (two writers?)"
         )
+
+    def _read_once(self, name: str) -> bytes | None:
+        """The object's bytes, or None when fewer came than its size said (a rewrite)."""
+        file = self._handler.open_input_file(name)
+        size = file.size()
+        data = file.read(size)
+        return data if len(data) == size else None
 
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
         try:

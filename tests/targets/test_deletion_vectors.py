@@ -693,6 +693,48 @@ def test_small_files_with_deleted_rows_are_compacted_not_purged(tmp_path: Path) 
     oracle.check(fresh=True)
 
 
+def test_a_pass_rewrites_a_bounded_amount_and_the_next_ones_the_rest(tmp_path: Path) -> None:
+    """A pass rewrites about `rewrite_bytes` of files of each kind (one at least): the files
+    with the most rows deleted first, the oldest small files first; the next passes do the
+    rest. The table holds its rows after each pass."""
+    oracle = Oracle(tmp_path / "t", 12_000, 5, target_file_size=60_000)
+    base = set(oracle.mor.state.adds)
+    assert len(base) >= 4
+    oracle.our_batch(0, 5_000, 0)  # rows deleted in every base file, in different shares
+    for _ in range(6):
+        oracle.our_batch(30, 0, 0)  # six small files
+    adds = oracle.mor.state.adds
+    small = sorted(set(adds) - base, key=lambda p: adds[p]["modificationTime"])
+    small_bytes = max(adds[p]["size"] for p in small) + 1
+    assert small_bytes < min(adds[p]["size"] for p in base)
+
+    def deleted(path: str) -> float:
+        dv = oracle.mor.state.adds[path].get("deletionVector")
+        return int(dv["cardinality"]) / oracle.mor.num_records(path) if dv else 0.0
+
+    shares = sorted(((deleted(p), p) for p in base), reverse=True)
+    assert shares[0][0] > shares[-1][0] >= 0.3
+    policy = MaintenancePolicy(
+        small_file_bytes=small_bytes,
+        compact_min_files=2,
+        target_file_bytes=2 * small_bytes,  # two small files to a compacted file
+        rewrite_bytes=2 * small_bytes,  # one compacted file a pass; a base file alone
+    )
+    purged_first: list[str] = []
+    compacted = 0
+    for _ in range(len(base)):
+        before = set(oracle.mor.state.adds)
+        report = maintain_deletion_vectors(oracle.mor, policy, sweep=False)
+        assert report.purged_files == 1
+        purged_first += sorted(before & base - set(oracle.mor.state.adds))
+        compacted += report.compacted_files
+        assert report.compacted_files in (0, 2)
+        oracle.check(fresh=True)
+    assert purged_first == [p for _, p in shares]  # the most deleted first
+    assert compacted == 6  # two at a time, three passes
+    assert maintain_deletion_vectors(oracle.mor, policy, sweep=False).commits <= 1
+
+
 def test_full_vacuum_would_break_the_table_maintenance_never_calls_it(tmp_path: Path) -> None:
     # the trap this package works around (a delta-rs bug): kept as a test so that a delta-rs
     # that fixes it is noticed

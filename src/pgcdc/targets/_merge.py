@@ -545,11 +545,16 @@ class Writer:
         size = len(next(iter(missing.values())))
         asked = offset + np.flatnonzero(np.logical_or.reduce([missing[c] for c in columns]))
         keys = data.select(list(key_names)).take(pa.array(asked))
-        current = self.current(table, list(key_names), columns, keys, schema)
-        index = _row_index(current, list(key_names))
         found = np.full(data.num_rows, -1, dtype=np.int64)
-        for at, row in zip(asked, keys.to_pylist(), strict=True):
-            found[at] = index.get(hashable(tuple(row.values())), -1)
+        matches = self.mor.current(table, key_names, keys, columns)
+        if matches is not None and matches.values is not None:
+            current = matches.values
+            found[asked[matches.key_row]] = np.arange(len(matches))
+        else:
+            current = self.current(table, list(key_names), columns, keys, schema)
+            index = _row_index(current, list(key_names))
+            for at, row in zip(asked, keys.to_pylist(), strict=True):
+                found[at] = index.get(hashable(tuple(row.values())), -1)
         for column in columns:
             take = np.zeros(data.num_rows, dtype=bool)
             take[offset : offset + size] = missing[column]

@@ -91,6 +91,19 @@ class MergeOnRead:
             locator = self._locators[keys] = RowLocator(table, keys, condition)
         return locator
 
+    def current(
+        self, table: DeltaTable, key_names: tuple[str, ...], keys: pa.Table, columns: list[str]
+    ) -> Matches | None:
+        """The target's live rows (a history's current versions) of the keys of `keys`
+        (typed, a row per key asked), with `columns` as their values: found through the key
+        indexes kept between batches instead of a query that reads the files anew. None when
+        the table is not written with deletion vectors."""
+        if not self.active(table):
+            return None
+        mor = self.table(table)
+        assert mor is not None
+        return self._locator(mor, key_names).locate(keys, columns)
+
     def mirror(
         self,
         table: DeltaTable,

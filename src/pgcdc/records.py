@@ -30,6 +30,7 @@ __all__ = [
     "encode_record",
     "read_range",
     "read_records",
+    "split_payloads",
     "split_records",
     "write_record",
 ]
@@ -96,18 +97,30 @@ def split_records(
 ) -> Iterator[Record]:
     """The records in `data`, which starts at byte `offset` of its file and must end on a
     record boundary."""
-    pos = 0
-    while pos < len(data):
-        at = offset + pos
-        if pos + HEADER_SIZE > len(data):
-            raise RecordError(at, f"truncated header: {len(data) - pos} of {HEADER_SIZE} bytes")
-        length, crc = _HEADER.unpack_from(data, pos)
+    at = offset
+    for payload in split_payloads(data, offset, max_payload=max_payload):
+        yield Record(at, payload)
+        at += HEADER_SIZE + len(payload)
+
+
+def split_payloads(
+    data: bytes, offset: int = 0, *, max_payload: int = MAX_PAYLOAD
+) -> Iterator[bytes]:
+    """The payloads of `split_records` (a reader of many small records: no `Record` each)."""
+    pos, size, unpack = 0, len(data), _HEADER.unpack_from
+    while pos < size:
+        if pos + HEADER_SIZE > size:
+            raise RecordError(
+                offset + pos, f"truncated header: {size - pos} of {HEADER_SIZE} bytes"
+            )
+        length, crc = unpack(data, pos)
         if length > max_payload:
-            raise RecordError(at, f"length {length} is implausible (damaged header)")
+            raise RecordError(offset + pos, f"length {length} is implausible (damaged header)")
         start = pos + HEADER_SIZE
         payload = data[start : start + length]
-        _check(at, length, crc, payload)
-        yield Record(at, payload)
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            _check(offset + pos, length, crc, payload)  # raises, saying which
+        yield payload
         pos = start + length
 
 

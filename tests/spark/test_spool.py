@@ -224,6 +224,18 @@ def test_damaged_record_is_reported_with_its_position(tmp_path: Path) -> None:
         envelope([missing])
 
 
+def test_a_change_that_does_not_decode_is_named_by_its_lsn_and_commit(tmp_path: Path) -> None:
+    """A frame whose message does not fit its relation (a damaged spool the checksum missed,
+    a bug): one line with the change's LSN and its transaction's commit position."""
+    spool = filled(tmp_path, [1])
+    spool.begin()
+    spool.change(REL, 0x2F00, insert(REL, 1)[:-20])  # its last column cut short
+    spool.commit(Lsn(0x2FF0), Lsn(0x3000), 9, None, None)
+    ranges = spool.ranges(Lsn(0), Lsn(0x3000))[REL.relid]
+    with pytest.raises(SpoolError, match=r"the change at LSN 0/2F00 \(commit 0/2FF0\): "):
+        envelope(ranges)
+
+
 def test_a_unit_in_several_records_reads_back_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,15 +114,25 @@ class EnvelopeBuilder:
         not taken (a message of another type, or one that does not decode), `end` when all
         were. `attnums`: what each of the relation's columns is (empty: not known), for
         every change of this relation object."""
-        index = self._group(relation, attnums)
+        index = self._group_of.get(id(relation))
+        if index is None:
+            index = self._group(relation, attnums)
         collector = self._groups[index].collector
         before = collector.rows
         stop = collector.add(buffer, start, end)
         added = collector.rows - before
-        if added:
+        if added == 1:
+            self._order.append(index)
+            self._txns[-1].rows += 1
+        elif added:
             self._order.extend(array("i", [index]) * added)
             self._txns[-1].rows += added
         return stop
+
+    @property
+    def commit_lsn(self) -> int:
+        """The commit position of the transaction whose rows come now (0 before any)."""
+        return self._txns[-1].commit_lsn if self._txns else 0
 
     def change(
         self,

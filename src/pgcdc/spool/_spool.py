@@ -58,7 +58,7 @@ from pgcdc.protocol import (
     pg_timestamp_to_datetime,
 )
 from pgcdc.protocol.columns import CHANGE_FRAME, change_frame
-from pgcdc.records import encode_record, read_range, split_records
+from pgcdc.records import encode_record, split_payloads
 
 __all__ = [
     "MESSAGES",
@@ -100,6 +100,8 @@ _BATCH_VALUE_BYTES = 1 << 30
 _VERSION = struct.Struct(">H")
 _FRAME_HEAD = CHANGE_FRAME.pack
 _COMMIT = struct.Struct(">BQQIqH")  # flags, commit_lsn, end_lsn, xid, commit_ts, origin length
+#: A commit record's head: its tag, its version, `_COMMIT`.
+_COMMIT_RECORD = struct.Struct(">cH" + _COMMIT.format[1:])
 _HAS_XID, _HAS_TS = 1, 2
 
 
@@ -614,19 +616,13 @@ def load_ranges(ranges: Iterable[SpoolRange]) -> tuple[SpoolRange, ...]:
 # -- reading (executors) -----------------------------------------------------------------
 
 
-def _records(spool_range: SpoolRange) -> Iterator[bytes]:
-    path = spool_range.path
-    try:
-        if spool_range.data is not None:
-            records = split_records(spool_range.data, spool_range.offset)
-        else:
-            records = read_range(path, spool_range.offset, spool_range.length)
-        for record in records:
-            yield record.payload
-    except OSError as exc:
-        raise SpoolError(f"cannot read spool file {path}: {exc}") from None
-    except RecordError as exc:
-        raise SpoolError(f"spool file {path}: {exc}") from None
+def _payloads(spool_range: SpoolRange) -> Iterator[bytes]:
+    """The range's records (RecordError when one is damaged: the reader says where)."""
+    data = spool_range.data
+    if data is None:
+        data = load_ranges([spool_range])[0].data
+        assert data is not None
+    return split_payloads(data, spool_range.offset)
 
 
 def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
@@ -635,36 +631,64 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
     builder = EnvelopeBuilder()
     read = 0  # record bytes since the last flush: at least the values collected
     for spool_range in ranges:
-        relations = [_relation(v) for v in spool_range.versions]
-        attnums = list(spool_range.attnums) or [()] * len(relations)
-        frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the open unit
-        for payload in _records(spool_range):
-            read += len(payload)
-            tag = payload[:1]
-            if tag not in (b"F", b"C"):
-                raise SpoolError(f"spool file {spool_range.path}: unknown record {tag!r}")
-            try:
-                (version,) = _VERSION.unpack_from(payload, 1)
-                start = 1 + _VERSION.size
-                if tag == b"C":
-                    start += _COMMIT.size + _COMMIT.unpack_from(payload, start)[-1]
-            except struct.error:
-                raise SpoolError(
-                    f"spool file {spool_range.path}: a {tag!r} record of {len(payload)} bytes"
-                ) from None
-            if version >= len(relations) and spool_range.relid != MESSAGES:
-                raise SpoolError(f"spool file {spool_range.path}: no relation version {version}")
-            frames.append((version, payload, start))
-            if tag == b"C":
-                _unit(builder, spool_range, relations, attnums, frames, payload)
-                frames = []
-                if len(builder) >= _BATCH_ROWS or (
-                    read >= _BATCH_VALUE_BYTES and builder.value_bytes >= _BATCH_VALUE_BYTES
-                ):
-                    yield builder.flush()
-                    read = 0
+        for size in _read_units(builder, spool_range):
+            read += size
+            if len(builder) >= _BATCH_ROWS or (
+                read >= _BATCH_VALUE_BYTES and builder.value_bytes >= _BATCH_VALUE_BYTES
+            ):
+                yield builder.flush()
+                read = 0
     if len(builder):
         yield builder.flush()
+
+
+def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[int]:
+    """Each unit of the range into `builder`, its records' bytes yielded after it."""
+    path = spool_range.path
+    relations = [_relation(v) for v in spool_range.versions]
+    attnums = list(spool_range.attnums) or [()] * len(relations)
+    messages = spool_range.relid == MESSAGES
+    frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the open unit
+    size = 0
+    try:
+        for payload in _payloads(spool_range):
+            size += len(payload)
+            tag = payload[:1]
+            try:
+                if tag == b"C":
+                    _, version, flags, commit_lsn, _, xid, commit_ts, origin_length = (
+                        _COMMIT_RECORD.unpack_from(payload)
+                    )
+                    start = _COMMIT_RECORD.size + origin_length
+                elif tag == b"F":
+                    (version,) = _VERSION.unpack_from(payload, 1)
+                    start = 1 + _VERSION.size
+                else:
+                    raise SpoolError(f"spool file {path}: unknown record {tag!r}")
+            except struct.error:
+                raise SpoolError(
+                    f"spool file {path}: a {tag!r} record of {len(payload)} bytes"
+                ) from None
+            if version >= len(relations) and not messages:
+                raise SpoolError(f"spool file {path}: no relation version {version}")
+            frames.append((version, payload, start))
+            if tag == b"F":
+                continue
+            origin = payload[_COMMIT_RECORD.size : start].decode() if origin_length else None
+            builder.begin(
+                commit_lsn,
+                xid if flags & _HAS_XID else None,
+                commit_ts if flags & _HAS_TS else None,
+                origin,
+            )
+            for version, record, at in frames:
+                relation = None if messages else relations[version]
+                _frames(builder, relation, attnums[version] if relation else (), record, at)
+            frames = []
+            yield size
+            size = 0
+    except RecordError as exc:
+        raise SpoolError(f"spool file {path}: {exc}") from None
 
 
 def _relation(encoded: bytes) -> Relation:
@@ -673,34 +697,22 @@ def _relation(encoded: bytes) -> Relation:
     return message
 
 
-def _unit(
+def _frames(
     builder: EnvelopeBuilder,
-    spool_range: SpoolRange,
-    relations: list[Relation],
-    attnums: list[tuple[int, ...]],
-    frames: list[tuple[int, bytes, int]],
-    commit: bytes,
+    relation: Relation | None,
+    attnums: tuple[int, ...],
+    record: bytes,
+    pos: int,
 ) -> None:
-    at = 1 + _VERSION.size
-    flags, commit_lsn, _end, xid, commit_ts, origin_length = _COMMIT.unpack_from(commit, at)
-    at += _COMMIT.size
-    origin = commit[at : at + origin_length].decode() if origin_length else None
-    builder.begin(
-        commit_lsn,
-        xid if flags & _HAS_XID else None,
-        commit_ts if flags & _HAS_TS else None,
-        origin,
-    )
-    for version, payload, pos in frames:
-        relation = relations[version] if spool_range.relid != MESSAGES else None
-        numbers = attnums[version] if relation is not None else ()
-        end = len(payload)
-        while pos < end:
-            if relation is not None:
-                pos = builder.frames(relation, payload, pos, end, numbers)
-                if pos >= end:
-                    break
-            pos = _one_frame(builder, relation, numbers, payload, pos, Lsn(commit_lsn))
+    """The frames of a unit's record from `pos`: row changes a column at a time, the rest
+    one by one."""
+    end = len(record)
+    while pos < end:
+        if relation is not None:
+            pos = builder.frames(relation, record, pos, end, attnums)
+            if pos >= end:
+                break
+        pos = _one_frame(builder, relation, attnums, record, pos)
 
 
 def _one_frame(
@@ -709,7 +721,6 @@ def _one_frame(
     attnums: tuple[int, ...],
     payload: bytes,
     pos: int,
-    commit: Lsn,
 ) -> int:
     """The frame at `pos` that the column path did not take: a Truncate, a message, or a
     change that does not decode (the decoder raises the precise error)."""
@@ -722,6 +733,7 @@ def _one_frame(
     try:
         message = decoder.decode(body, lsn)
     except PgcdcError as exc:
+        commit = Lsn(builder.commit_lsn)
         raise SpoolError(f"the change at LSN {Lsn(lsn)} (commit {commit}): {exc}") from None
     if isinstance(message, Truncate) and relation is not None:
         builder.truncate(ordinal, relation, message.cascade, message.restart_identity, lsn, attnums)

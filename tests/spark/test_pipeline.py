@@ -4,12 +4,16 @@ truncates, row filters, identity-full tables and schema changes."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pgcdc.embedded import Database
+from pgcdc.pipeline._driver import SWITCH_INTERVAL
 from pgcdc.targets import DeltaTarget
 from replication.helpers import confirmed_flush, current_wal_lsn, unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
@@ -122,10 +126,28 @@ def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_p
     ).to_arrow()
     assert "truncate" in changelog.column("op").to_pylist()
 
-    # Nothing new: a second run applies nothing and changes nothing.
-    again = run_pipeline(spark, config)
+    # Nothing new: a second run applies nothing and changes nothing. While it runs, its
+    # threads switch every 0.5 ms; the interpreter's own interval comes back afterwards.
+    intervals: set[float] = set()
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            intervals.add(sys.getswitchinterval())
+            time.sleep(0.002)
+
+    default = sys.getswitchinterval()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        again = run_pipeline(spark, config)
+    finally:
+        running.clear()
+        watcher.join()
     assert again.stats.changes == 0
     assert_identical(pg, config)
+    assert SWITCH_INTERVAL in intervals and sys.getswitchinterval() == default > SWITCH_INTERVAL
 
 
 def test_row_filters_convert_updates(spark: Any, pg: Database, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,38 @@ def test_a_rewrite_is_never_seen_in_part(any_store: Store) -> None:
     assert len(seen) > 1
 
 
+class _BetweenSizeAndBytes:
+    """A reader's handler that runs `during` (once) after a read asked the object's size
+    and before it reads the bytes, and `after` once those bytes are read."""
+
+    def __init__(self, io: FileIO, during: Callable[[], None], after: Callable[[], None]) -> None:
+        self.handler = io._handler  # type: ignore[attr-defined]
+        self.pending = [(during, after)]
+        io._handler = self  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handler, name)
+
+    def open_input_file(self, name: str) -> Any:
+        file = self.handler.open_input_file(name)
+        pending = self.pending
+
+        class File:
+            def size(self) -> int:
+                return int(file.size())
+
+            def read(self, size: int) -> bytes:
+                if not pending:
+                    return file.read(size)  # type: ignore[no-any-return]
+                during, after = pending.pop()
+                during()
+                data: bytes = file.read(size)
+                after()
+                return data
+
+        return File()
+
+
 @pytest.mark.parametrize("kind", ["s3", "azure"])
 def test_a_rewrite_back_to_the_same_size_during_a_read_is_not_seen(
     kind: str, request: pytest.FixtureRequest
@@ -265,34 +298,29 @@ def test_a_rewrite_back_to_the_same_size_during_a_read_is_not_seen(
     writer = store.io("state")
     writer.write("copy.json", short[0])
     reader = store.io("state")
-    handler = reader._handler  # type: ignore[attr-defined]
-    rewrites = [lambda: writer.write("copy.json", long)]
-
-    class RewrittenDuringTheRead:
-        def __init__(self, file: Any) -> None:
-            self._file = file
-
-        def size(self) -> int:
-            return int(self._file.size())
-
-        def read(self, size: int) -> bytes:
-            if rewrites:
-                rewrites.pop()()
-                data: bytes = self._file.read(size)
-                writer.write("copy.json", short[1])
-                return data
-            return self._file.read(size)  # type: ignore[no-any-return]
-
-    class Handler:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(handler, name)
-
-        def open_input_file(self, name: str) -> RewrittenDuringTheRead:
-            return RewrittenDuringTheRead(handler.open_input_file(name))
-
-    reader._handler = Handler()  # type: ignore[attr-defined]
+    racer = _BetweenSizeAndBytes(
+        reader,
+        lambda: writer.write("copy.json", long),
+        lambda: writer.write("copy.json", short[1]),
+    )
     assert reader.read("copy.json") == short[1]
-    assert not rewrites
+    assert not racer.pending
+
+
+@pytest.mark.parametrize("kind", ["s3", "azure"])
+def test_an_object_removed_during_a_read_is_absent(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The class beside: the object goes between the size asked and the bytes read (a
+    state file removed by a pipeline that finishes its copy): the read says absent, not an
+    error and not the bytes of a version that is gone."""
+    store: Store = request.getfixturevalue("store_" + kind)
+    writer = store.io("state")
+    writer.write("copy.json", b'{"v": 1}')
+    reader = store.io("state")
+    racer = _BetweenSizeAndBytes(reader, lambda: writer.delete("copy.json"), lambda: None)
+    assert reader.read("copy.json") is None
+    assert not racer.pending
 
 
 def test_the_batch_log_without_append(any_store: Store) -> None:

@@ -98,9 +98,10 @@ _CATCH_UP_TIMEOUT = 600.0
 #: 5 ms). The replication session, the tables' apply threads and the driver share one
 #: interpreter, and a thread that wants it waits up to an interval for one that holds it:
 #: on a machine the source's load saturates, the batches' reading spent 8 to 9 times its CPU
-#: waiting. Measured (`benchmarks/sustained.py --pgbench`, four runs of each alternating):
-#: commit-to-visible p99 3.1-4.7 s against 4.7-5.2 s in the same session (5.7-11.3 s in
-#: others), CPU per change +5%; no change to a backlog's drain or to 10,000 changes/s.
+#: waiting. Measured (`benchmarks/sustained.py --pgbench`, four runs with it, two of them
+#: alternating with the default): commit-to-visible p99 3.1-4.7 s against 4.7-5.2 s in the
+#: alternation (3.0-11.3 s in eight other runs), CPU per change +5%; no change to a
+#: backlog's drain or to 10,000 changes/s (two runs of each).
 SWITCH_INTERVAL = 0.0005
 
 

@@ -617,7 +617,8 @@ def load_ranges(ranges: Iterable[SpoolRange]) -> tuple[SpoolRange, ...]:
 
 
 def _payloads(spool_range: SpoolRange) -> Iterator[bytes]:
-    """The range's records (RecordError when one is damaged: the reader says where)."""
+    """The payloads of the range's records (RecordError when one is damaged: the reader
+    says which file)."""
     data = spool_range.data
     if data is None:
         data = load_ranges([spool_range])[0].data
@@ -683,7 +684,8 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
             )
             for version, record, at in frames:
                 relation = None if messages else relations[version]
-                _frames(builder, relation, attnums[version] if relation else (), record, at)
+                numbers = attnums[version] if relation is not None else ()
+                _frames(builder, relation, numbers, record, at)
             frames = []
             yield size
             size = 0

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
@@ -202,8 +203,10 @@ class LocalFileIO(FileIO):
         return path.is_file()
 
 
-#: Reads of an object rewritten while they ran before one gives up (`ObjectStoreFileIO.read`).
-_READ_ATTEMPTS = 5
+#: Seconds of reads that each overlap a rewrite of the object before one gives up
+#: (`ObjectStoreFileIO.read`): a writer pauses between rewrites (the pipeline rewrites a state
+#: file once per batch at most), so only one that never pauses outlasts this.
+_READ_PATIENCE = 30.0
 #: ANSI colours in delta-rs' error chains.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What an object store's XML error says: its code and message; else its HTTP status.
@@ -283,20 +286,23 @@ class ObjectStoreFileIO(FileIO):
         are one version; a false match needs the same longer version under both reads and
         another in between. Otherwise the read starts over."""
         self.check()
+        deadline = time.monotonic() + _READ_PATIENCE
         try:
             last = self._read_once(name)
-            for _ in range(_READ_ATTEMPTS):
+            while True:
                 now = self._read_once(name)
                 if now is not None and now == last:
                     return now
+                if time.monotonic() > deadline:
+                    break
                 last = now
         except FileNotFoundError:
             return None
         except Exception as exc:
             raise self._fail(name, "cannot read it", exc) from None
         raise StorageError(
-            f"{self.location(name)}: cannot read it: it was rewritten during each of "
-            f"{_READ_ATTEMPTS} reads (two writers?)"
+            f"{self.location(name)}: cannot read it: it was rewritten during every read for "
+            f"{_READ_PATIENCE:.0f} s (is another process writing here?)"
         )
 
     def _read_once(self, name: str) -> bytes | None:

@@ -5,6 +5,7 @@ that has the problem, and the server is shown to really refuse what the line pre
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -35,39 +36,48 @@ def server(pg_server: EmbeddedServer) -> Iterator[EmbeddedServer]:
         yield own
 
 
-@pytest.fixture
-def db(server: EmbeddedServer) -> Iterator[Database]:
-    database = server.create_database()
-    database.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
-    try:
-        yield database
-    finally:
-        database.drop()
-
-
 def logical(server: EmbeddedServer) -> None:
     if server.query("SHOW wal_level")[0][0] != "logical":
         server.configure({"wal_level": "logical"})
         server.restart()
 
 
-def test_wal_level(server: EmbeddedServer, db: Database) -> None:
-    if server.query("SHOW wal_level")[0][0] == "logical":
-        pytest.skip("the module's server was switched to logical by an earlier test")
-    with pytest.raises(ServerConfigurationError) as raised:
+@contextmanager
+def database(server: EmbeddedServer) -> Iterator[Database]:
+    created = server.create_database()
+    created.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
+    try:
+        yield created
+    finally:
+        created.drop()
+
+
+@pytest.fixture
+def db(server: EmbeddedServer) -> Iterator[Database]:
+    """A database on the module's server switched to wal_level = logical first: the switch
+    restarts the server, which ends every connection open at the time, the database's too."""
+    logical(server)
+    with database(server) as created:
+        yield created
+
+
+def test_wal_level(pg_server: EmbeddedServer) -> None:
+    # A server of its own: the module's is switched to logical by whichever test runs first.
+    replica_server = EmbeddedServer(pg_server.version, settings={"wal_level": "replica"})
+    with replica_server as replica, database(replica) as db:
+        with pytest.raises(ServerConfigurationError) as raised:
+            check_source(db.dsn, "s", [PUB], create_slot=True)
+        assert str(raised.value) == (
+            "the server has wal_level = replica; logical decoding needs logical: run ALTER "
+            "SYSTEM SET wal_level = logical (as a superuser) and restart the server"
+        )
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="wal_level"):
+            db.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        logical(replica)  # what the line says, done
         check_source(db.dsn, "s", [PUB], create_slot=True)
-    assert str(raised.value) == (
-        "the server has wal_level = replica; logical decoding needs logical: run ALTER SYSTEM "
-        "SET wal_level = logical (as a superuser) and restart the server"
-    )
-    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="wal_level"):
-        db.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
-    logical(server)  # what the line says, done
-    check_source(db.dsn, "s", [PUB], create_slot=True)
 
 
 def test_replication_privilege(server: EmbeddedServer, db: Database) -> None:
-    logical(server)
     role = unique("app")
     server.query(f"CREATE ROLE {role} LOGIN")
     try:
@@ -87,7 +97,6 @@ def test_replication_privilege(server: EmbeddedServer, db: Database) -> None:
 
 
 def test_replication_slots_in_use(server: EmbeddedServer, db: Database) -> None:
-    logical(server)
     taken = [unique("taken") for _ in range(2)]
     for slot in taken:
         db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
@@ -109,7 +118,6 @@ def test_replication_slots_in_use(server: EmbeddedServer, db: Database) -> None:
 
 
 def test_wal_senders_in_use(server: EmbeddedServer, db: Database) -> None:
-    logical(server)
     held = [ReplicationConnection.connect(db.dsn) for _ in range(2)]
     try:
         with pytest.raises(ServerConfigurationError) as raised:
@@ -127,7 +135,6 @@ def test_wal_senders_in_use(server: EmbeddedServer, db: Database) -> None:
 
 
 def test_missing_publication_and_several_problems(server: EmbeddedServer, db: Database) -> None:
-    logical(server)
     with pytest.raises(PublicationNotFound) as raised:
         check_source(db.dsn, "s", [PUB, "nosuch"], create_slot=True)
     assert str(raised.value) == (

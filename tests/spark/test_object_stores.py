@@ -226,12 +226,17 @@ def test_a_rewrite_is_never_seen_in_part(any_store: Store) -> None:
     io.write("copy.json", versions[0])
     seen: set[int] = set()
     torn: list[bytes] = []
+    failed: list[StorageError] = []
     stop = threading.Event()
 
     def read() -> None:
         reader = any_store.io("state")
         while not stop.is_set():
-            data = reader.read("copy.json")
+            try:
+                data = reader.read("copy.json")
+            except StorageError as exc:  # the writer outlasted the reader's patience
+                failed.append(exc)
+                return
             try:
                 seen.add(json.loads(data or b"")["v"])
             except ValueError:
@@ -249,6 +254,7 @@ def test_a_rewrite_is_never_seen_in_part(any_store: Store) -> None:
         for thread in readers:
             thread.join(60)
     assert not torn, torn[:3]
+    assert not failed, failed
     assert len(seen) > 1
 
 

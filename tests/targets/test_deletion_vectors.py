@@ -38,6 +38,7 @@ from pgcdc.targets._mor import (
     logical_row_count,
     maintain_deletion_vectors,
 )
+from pgcdc.targets._mor.decoded import DecodedColumns
 from pgcdc.targets._mor.format import (
     DeletionVector,
     DvFormatError,
@@ -388,14 +389,67 @@ def test_the_files_a_batch_appended_are_read_from_memory_as_from_disk(
     assert not [p for p in opened if appended in str(p)]
     opened.clear()
     names = ["s", "id", "v"]
-    fresh = MergeOnReadTable(DeltaTable(oracle.path))
+    fresh = MergeOnReadTable(DeltaTable(oracle.path), DecodedColumns())
     rows = np.array([4, 0, 2], np.uint64)
     assert oracle.mor.read_file(appended, names) == fresh.read_file(appended, names)
     assert oracle.mor.read_file(appended, names, rows) == fresh.read_file(appended, names, rows)
     assert len(opened) == 2  # the fresh table's reads only
+    assert fresh.read_file(appended, names, rows[::-1]) == oracle.mor.read_file(
+        appended, names, rows[::-1]
+    )
+    assert len(opened) == 2  # the rows read decoded the columns once, and kept them
     oracle.mor.table.alter.add_columns(deltalake.Field("w", "long"))
     oracle.mor.sync()
     assert oracle.mor.read_file(appended, ["id", "w"]).column("w").null_count == 10
+
+
+def test_decoded_columns_keep_a_budget_least_recently_used_out_first() -> None:
+    decoded = DecodedColumns(budget=4 * 3500)  # a file's column may take a quarter: 3,500
+    column = pa.chunked_array([pa.array(np.arange(400, dtype=np.int64))])  # 3,200 bytes
+    for i in range(4):
+        decoded.put("t", f"f{i}", "id", column)
+    assert decoded.nbytes == 4 * 3200
+    assert decoded.get("t", "f0", "id", pa.int64()) is column  # f0 is now the newest
+    decoded.put("t", "f4", "id", column)  # over the budget: f1, the least recently used, goes
+    assert decoded.get("t", "f1", "id", pa.int64()) is None
+    assert decoded.get("t", "f0", "id", pa.int64()) is column and decoded.nbytes == 4 * 3200
+    assert decoded.get("t", "f2", "id", pa.int32()) is None  # kept as another type: dropped
+    assert decoded.get("t", "f2", "id", pa.int64()) is None and decoded.nbytes == 3 * 3200
+    decoded.put("t", "big", "id", pa.chunked_array([pa.array(np.arange(600, dtype=np.int64))]))
+    assert decoded.get("t", "big", "id", pa.int64()) is None  # over a quarter: not kept
+    decoded.put("u", "f0", "id", column)
+    decoded.forget("t", live={"f4"})  # table t's files that left the log
+    assert decoded.get("t", "f0", "id", pa.int64()) is None
+    assert decoded.get("t", "f3", "id", pa.int64()) is None
+    assert decoded.get("t", "f4", "id", pa.int64()) is column
+    assert decoded.get("u", "f0", "id", pa.int64()) is column
+
+
+@pytest.mark.parametrize("budget", [64 << 20, 4 * 1000], ids=["kept", "too-large-to-keep"])
+def test_rows_read_from_kept_columns_or_from_row_groups_are_the_files_rows(
+    tmp_path: Path, budget: int
+) -> None:
+    """Rows of a file of several row groups, in any order, read from its columns kept
+    decoded or (a file too large for the budget) from the row groups that hold them, equal
+    the file's rows on disk."""
+    path = str(tmp_path / "t")
+    rows = _rows(np.arange(10_000), 0)
+    write_deltalake(
+        path,
+        rows,
+        configuration=_DV,
+        writer_properties=deltalake.WriterProperties(max_row_group_size=1000),
+    )
+    decoded = DecodedColumns(budget)
+    mor = MergeOnReadTable(DeltaTable(path), decoded)
+    (file,) = mor.state.adds
+    assert pq.ParquetFile(mor.file_path(file)).num_row_groups == 10
+    picked = np.random.default_rng(7).choice(10_000, 300, replace=False).astype(np.uint32)
+    for _ in range(2):
+        got = mor.read_file(file, ["s", "id"], picked)
+        assert got == rows.select(["s", "id"]).take(pa.array(picked.astype(np.int64)))
+        assert (decoded.nbytes > 0) == (budget > 4000)
+    assert mor.read_file(file, ["v"]) == rows.select(["v"])
 
 
 def test_composite_and_string_keys_and_partitions(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder
 
 from pgcdc.errors import TargetError
+from pgcdc.targets._mor.decoded import DecodedColumns, decoded_columns
 from pgcdc.targets._mor.format import DeletionVector, Rows, descriptor_rows, no_rows
 from pgcdc.targets._mor.log import LogGap, LogState, update
 
@@ -53,9 +54,6 @@ _READER_FEATURES = frozenset(
 )
 #: delta.deletedFileRetentionDuration when the table sets none (the protocol's default).
 _DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
-#: The bytes of the data files written last that a table keeps in memory (`remember_written`;
-#: per target: a batch's appended file is well within it, a compaction's is read back).
-WRITTEN_BYTES = 4 << 20
 _UNITS_MS = {
     "millisecond": 1,
     "second": 1000,
@@ -152,7 +150,7 @@ class MergeOnReadTable:
     """The Delta table `table` (a DeltaTable kept open between batches) as pgcdc writes it
     with deletion vectors; refuses a table it cannot write (DeletionVectorsUnsupported)."""
 
-    def __init__(self, table: DeltaTable) -> None:
+    def __init__(self, table: DeltaTable, decoded: DecodedColumns | None = None) -> None:
         self.table = table
         self.table_dir = local_dir(table)
         problem = writable_problem(table)
@@ -160,8 +158,7 @@ class MergeOnReadTable:
             raise DeletionVectorsUnsupported(f"{table.table_uri}: {problem}")
         self.state = LogState.read(self.table_dir, table.version())
         self._deleted: dict[str, Rows] = {}  # DV unique id -> its rows
-        #: Log path -> the rows written and their bytes, oldest first.
-        self._written: dict[str, tuple[pa.Table, int]] = {}
+        self._decoded = decoded_columns() if decoded is None else decoded
 
     @property
     def uri(self) -> str:
@@ -212,24 +209,16 @@ class MergeOnReadTable:
 
     def remember_written(self, path: str, rows: pa.Table) -> None:
         """The rows of a data file this process wrote (`path` as the log names it; every
-        column, in the table's types): `read_file` takes them from memory while the file is
-        among the latest written (`WRITTEN_BYTES`), so the next batch's key index of a
-        file the last one appended is not read back from disk."""
-        size = rows.nbytes  # (not cheap: once per file)
-        if size > WRITTEN_BYTES:
-            return
-        self._written[path] = (rows, size)
-        total = sum(size for _, size in self._written.values())
-        while total > WRITTEN_BYTES:
-            total -= self._written.pop(next(iter(self._written)))[1]
+        column, in the table's types), kept decoded for the batches that read them."""
+        for name in rows.column_names:
+            self._decoded.put(self.table_dir, path, name, rows.column(name))
 
     def forget_deleted(self) -> None:
-        """Drops cached DVs no live file uses, and the rows of files no longer live."""
+        """Drops cached DVs no live file uses, and the columns of files no longer live."""
         live = {dv.unique_id for p in self.state.adds if (dv := self.deletion_vector(p))}
         for key in [k for k in self._deleted if k not in live]:
             del self._deleted[key]
-        for path in [p for p in self._written if p not in self.state.adds]:
-            del self._written[path]
+        self._decoded.forget(self.table_dir, self.state.adds)
 
     def num_records(self, path: str) -> int:
         """The rows of live file `path` (deleted ones included): its statistics, else its
@@ -242,29 +231,41 @@ class MergeOnReadTable:
 
     def read_file(self, path: str, names: Sequence[str], rows: Rows | None = None) -> pa.Table:
         """Columns of a data file cast to the table's types (a column the file predates is
-        null; partition columns come from the log). All rows, or the `rows` given."""
+        null; partition columns come from the log). All rows, or the `rows` given: those
+        come from whole columns kept decoded (`DecodedColumns`), decoded and kept here if
+        they fit, else from the row groups that hold them."""
         add = self.state.adds[path]
         schema = self.arrow_schema()
-        written, _ = self._written.get(path, (None, 0))
-        if written is not None and all(
-            n in written.column_names and written.schema.field(n).type == schema.field(n).type
-            for n in names
-        ):
-            data = written.select(list(names))
-            return data if rows is None else data.take(pa.array(rows.astype(np.int64)))
-        parquet = pq.ParquetFile(self.file_path(path))
-        present = set(parquet.schema_arrow.names)
-        wanted = [n for n in names if n in present]
-        if rows is None:
-            data = parquet.read(columns=wanted)
-            count = parquet.metadata.num_rows
-        else:
-            data, count = _read_rows(parquet, wanted, rows, schema), len(rows)
+        whole: dict[str, pa.ChunkedArray] = {}
+        for name in names:
+            kept = self._decoded.get(self.table_dir, path, name, schema.field(name).type)
+            if kept is not None:
+                whole[name] = kept
+        missing = [n for n in names if n not in whole]
+        present: set[str] = set()
+        part: pa.Table | None = None
+        if missing:
+            parquet = pq.ParquetFile(self.file_path(path))
+            present = set(parquet.schema_arrow.names)
+            wanted = [n for n in missing if n in present]
+            keep = rows is not None and self._decoded.fits(parquet, wanted)
+            if rows is None or keep:
+                data = parquet.read(columns=wanted)
+                for name in wanted:
+                    whole[name] = data.column(name).cast(schema.field(name).type)
+                    if keep:
+                        self._decoded.put(self.table_dir, path, name, whole[name])
+            else:
+                part = _read_rows(parquet, wanted, rows, schema)
+        count = self.num_records(path) if rows is None else len(rows)
+        taken = None if rows is None else pa.array(rows.astype(np.int64))
         arrays = []
         for name in names:
             kind = schema.field(name).type
-            if name in present:
-                arrays.append(data.column(name).cast(kind))
+            if name in whole:
+                arrays.append(whole[name] if taken is None else whole[name].take(taken))
+            elif part is not None and name in present:
+                arrays.append(part.column(name))
             elif name in (add.get("partitionValues") or {}):
                 value = partition_scalar(add["partitionValues"][name], kind)
                 arrays.append(pa.repeat(value, count))

@@ -80,6 +80,7 @@ def test_sizes(value: Any, expected: int) -> None:
         ({"trigger": {"interval": "soon"}}, "trigger.interval must be a time"),
         ({"trigger": {"interval": -1}}, "trigger.interval must be a time"),
         ({"trigger": {"max_bytes_per_batch": "big"}}, "trigger.max_bytes_per_batch must be a"),
+        ({"target": {"path": "l", "read_cache": "0MB"}}, "target.read_cache must be a size"),
         ({"target": {"path": "s3://b/lake"}}, "target.path s3://b/lake is an object store: give"),
         ({"target": {"path": "l", "state": 3}}, "target.state must be a directory"),
         ({"target": {"path": "l", "storage_options": "x"}}, "[storage_options] must be a table"),
@@ -131,6 +132,8 @@ def test_the_example_configuration_parses() -> None:
     assert example.max_retained_wal == 1024**3
     assert example.max_bytes_per_batch == config().max_bytes_per_batch == 64 * 1024**2
     assert set(example.on_error.values()) == {"stop"}
+    assert example.read_cache == config().read_cache == 512 * 1024**2
+    assert config(target={"path": "l", "read_cache": "2GB"}).read_cache == 2 * 1024**3
     assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None
 
 

@@ -404,25 +404,56 @@ def test_the_files_a_batch_appended_are_read_from_memory_as_from_disk(
 
 
 def test_decoded_columns_keep_a_budget_least_recently_used_out_first() -> None:
-    decoded = DecodedColumns(budget=4 * 3500)  # a file's column may take a quarter: 3,500
+    decoded = DecodedColumns(budget=4 * 3500)  # a file's column read may take a quarter
     column = pa.chunked_array([pa.array(np.arange(400, dtype=np.int64))])  # 3,200 bytes
     for i in range(4):
-        decoded.put("t", f"f{i}", "id", column)
+        decoded.put("t", f"f{i}", "id", column, written=False)
     assert decoded.nbytes == 4 * 3200
     assert decoded.get("t", "f0", "id", pa.int64()) is column  # f0 is now the newest
-    decoded.put("t", "f4", "id", column)  # over the budget: f1, the least recently used, goes
+    decoded.put("t", "f4", "id", column, written=False)  # over: f1, used least recently, goes
     assert decoded.get("t", "f1", "id", pa.int64()) is None
     assert decoded.get("t", "f0", "id", pa.int64()) is column and decoded.nbytes == 4 * 3200
     assert decoded.get("t", "f2", "id", pa.int32()) is None  # kept as another type: dropped
     assert decoded.get("t", "f2", "id", pa.int64()) is None and decoded.nbytes == 3 * 3200
-    decoded.put("t", "big", "id", pa.chunked_array([pa.array(np.arange(600, dtype=np.int64))]))
+    decoded.put(
+        "t",
+        "big",
+        "id",
+        pa.chunked_array([pa.array(np.arange(600, dtype=np.int64))]),
+        written=False,
+    )
     assert decoded.get("t", "big", "id", pa.int64()) is None  # over a quarter: not kept
-    decoded.put("u", "f0", "id", column)
+    decoded.put("u", "f0", "id", column, written=False)
     decoded.forget("t", live={"f4"})  # table t's files that left the log
     assert decoded.get("t", "f0", "id", pa.int64()) is None
     assert decoded.get("t", "f3", "id", pa.int64()) is None
     assert decoded.get("t", "f4", "id", pa.int64()) is column
     assert decoded.get("u", "f0", "id", pa.int64()) is column
+
+
+def test_columns_written_here_take_an_eighth_until_their_values_are_read() -> None:
+    """Files written here go to a segment of an eighth of the budget, out first: the
+    columns read back stay while a history writes closed versions nobody reads again."""
+    decoded = DecodedColumns(budget=8 * 3300)
+    small = pa.chunked_array([pa.array(np.arange(100, dtype=np.int64))])  # 800 bytes
+    for i in range(20):
+        decoded.put("t", f"r{i}", "id", small, written=False)  # 16,000 bytes read back
+    for i in range(4):
+        decoded.put("t", f"w{i}", "id", small, written=True)  # 3,200: the segment is full
+    assert decoded.nbytes == 20 * 800 + 4 * 800
+    decoded.put("t", "w4", "id", small, written=True)  # the oldest written one goes, not r0
+    assert decoded.get("t", "w0", "id", pa.int64()) is None
+    assert decoded.get("t", "r0", "id", pa.int64()) is small
+    assert decoded.get("t", "w1", "id", pa.int64(), values=False) is small  # a key index: stays
+    decoded.put("t", "w5", "id", small, written=True)  # w2 goes (w1 was used since)
+    assert decoded.get("t", "w2", "id", pa.int64(), values=False) is None
+    assert decoded.get("t", "w1", "id", pa.int64()) is small  # its values read: moves
+    for i in range(6, 9):  # three more written: w1 is in the main part now and stays
+        decoded.put("t", f"w{i}", "id", small, written=True)
+    assert decoded.get("t", "w1", "id", pa.int64(), values=False) is small
+    assert decoded.nbytes <= decoded.budget
+    decoded.budget = 5 * 800  # a smaller budget: written ones out first, then the oldest
+    assert decoded.nbytes <= 5 * 800 and decoded.get("t", "w1", "id", pa.int64()) is small
 
 
 @pytest.mark.parametrize("budget", [64 << 20, 4 * 1000], ids=["kept", "too-large-to-keep"])

@@ -156,6 +156,7 @@ class BatchApplier:
                     pending=table in tables.pending,
                     storage_options=tables.state.storage_options,
                     changes=sum(r.changes for r in found),
+                    read_cache=config.read_cache,
                 )
             )
         return works

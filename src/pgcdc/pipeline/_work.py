@@ -34,7 +34,7 @@ from pgcdc.errors import TargetError
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._spool import SpoolRange, read_envelope
-from pgcdc.targets import Target, TargetSpec, open_target
+from pgcdc.targets import READ_CACHE_BYTES, Target, TargetSpec, decoded_columns, open_target
 from pgcdc.types.catalog import TypeDescriptions
 from pgcdc.types.registry import TypeRegistry
 
@@ -76,6 +76,8 @@ class TableWork:
     #: The pending log's storage options (its targets' own are in their specs).
     storage_options: Mapping[str, str] | None = None
     changes: int = 0
+    #: The bytes of its targets' columns the process keeps decoded (``target.read_cache``).
+    read_cache: int = READ_CACHE_BYTES
     #: Maintain the targets after applying (a Spark task); False: the driver, which applies
     #: the batch itself, maintains its open targets between batches (`maintain_open`).
     maintain: bool = True
@@ -180,6 +182,7 @@ def maintain_open() -> bool:
 
 def _apply(work: TableWork) -> TableOutcome:
     started = time.monotonic()
+    decoded_columns().budget = work.read_cache
     rows = pa.Table.from_batches(list(read_envelope(work.ranges)), schema=ENVELOPE_ARROW_SCHEMA)
     outcome = TableOutcome(work.table, rows.num_rows)
     outcome.phases = {

@@ -23,6 +23,7 @@ changelog_reads = true             # a change log starts with the copied rows (o
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
 on_error = "stop"                  # a change a table cannot take: "stop" or "quarantine"
+read_cache = "512MB"               # columns of target files kept decoded, per process
 # state = "state"                  # the pipeline's own state (default <path>/_pgcdc/<name>)
 # [target.storage_options]         # for an object store: delta-rs's options, e.g.
 # AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake", state = "s3://bucket/state"
@@ -81,6 +82,11 @@ next batch holds them all and the driver applies it itself, its targets kept ope
 batches; a larger backlog goes in batches of up to ``max_changes_per_batch`` to Spark jobs,
 one task per table on the executors.
 
+``read_cache``: the bytes of the targets' files' columns each process (the driver; each
+Spark Python worker) keeps decoded between batches, so that the rows a batch replaces are
+read back from memory: the unchanged TOAST values of an update, the versions a history
+closes. A file whose columns take more than a quarter of it is decoded again each time.
+
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
 default) stops the pipeline with one line naming the table and the change; nothing of the
@@ -103,7 +109,7 @@ from pgcdc.errors import InvalidConninfo, PgcdcError
 from pgcdc.replication.connection import parse_conninfo
 from pgcdc.snapshot.plan import DEFAULT_CHUNK_BLOCKS
 from pgcdc.storage import is_object_store, join_location
-from pgcdc.targets.base import Mode, TargetSpec
+from pgcdc.targets.base import READ_CACHE_BYTES, Mode, TargetSpec
 
 __all__ = ["ConfigError", "PipelineConfig", "TableTarget", "load_config"]
 
@@ -179,6 +185,9 @@ class PipelineConfig:
     #: Delta table properties of the targets, over pgcdc's (`pgcdc.targets.TABLE_PROPERTIES`:
     #: file size, how long removed files and log entries are kept).
     table_properties: dict[str, str] = field(default_factory=dict)
+    #: Bytes of target files' columns a process keeps decoded between batches, for the rows
+    #: a batch reads back (`pgcdc.targets.decoded_columns`).
+    read_cache: int = READ_CACHE_BYTES
     #: Where the pipeline keeps its state (None: beside the targets, when they are local).
     state: str | None = None
     #: Where the driver spools changes for the tasks (None: a temporary directory).
@@ -243,7 +252,7 @@ KEYS = {
         "status_interval",
     ),
     "snapshot": ("enabled", "chunk_blocks", "changelog_reads"),
-    "target": ("path", "on_error", "state", "storage_options", "table_properties"),
+    "target": ("path", "on_error", "read_cache", "state", "storage_options", "table_properties"),
     "trigger": (
         "available_now",
         "interval",
@@ -544,6 +553,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         else parse_size(max_wal, "source.max_retained_wal"),
         storage_options={str(k): str(v) for k, v in storage.items()},
         table_properties={str(k): str(v) for k, v in properties.items()},
+        read_cache=parse_size(target.get("read_cache", READ_CACHE_BYTES), "target.read_cache"),
         state=None if state is None else state if "://" in state else str(base / state),
         spool_dir=_optional_path(source, "spool_dir", base),
         metrics_port=None if metrics.get("port") is None else _port(metrics["port"]),

@@ -10,10 +10,12 @@ such a table into Spark.)
 
 from __future__ import annotations
 
+from pgcdc.targets._mor.decoded import DecodedColumns, decoded_columns
 from pgcdc.targets._table import TABLE_PROPERTIES
 from pgcdc.targets.base import (
     END_AT,
     MODES,
+    READ_CACHE_BYTES,
     SEQUENCE_TYPE,
     START_AT,
     ApplyResult,
@@ -27,13 +29,16 @@ from pgcdc.targets.delta import DeltaTarget
 __all__ = [
     "END_AT",
     "MODES",
+    "READ_CACHE_BYTES",
     "SEQUENCE_TYPE",
     "START_AT",
     "TABLE_PROPERTIES",
     "ApplyResult",
+    "DecodedColumns",
     "DeltaTarget",
     "Mode",
     "Target",
     "TargetSpec",
+    "decoded_columns",
     "open_target",
 ]

@@ -37,6 +37,10 @@ __all__ = [
     "open_target",
 ]
 
+#: The bytes of target files' columns a process keeps decoded between batches, for the
+#: rows batches read back (`pgcdc.targets.decoded_columns`; the pipeline's
+#: ``target.read_cache``).
+READ_CACHE_BYTES = 512 << 20
 Mode = Literal["mirror", "history", "changelog"]
 MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
 #: A history's version columns (struct<commit_lsn, ordinal>; END_AT null: the current one).

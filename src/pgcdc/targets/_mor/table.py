@@ -211,7 +211,7 @@ class MergeOnReadTable:
         """The rows of a data file this process wrote (`path` as the log names it; every
         column, in the table's types), kept decoded for the batches that read them."""
         for name in rows.column_names:
-            self._decoded.put(self.table_dir, path, name, rows.column(name))
+            self._decoded.put(self.table_dir, path, name, rows.column(name), written=True)
 
     def forget_deleted(self) -> None:
         """Drops cached DVs no live file uses, and the columns of files no longer live."""
@@ -238,7 +238,8 @@ class MergeOnReadTable:
         schema = self.arrow_schema()
         whole: dict[str, pa.ChunkedArray] = {}
         for name in names:
-            kept = self._decoded.get(self.table_dir, path, name, schema.field(name).type)
+            kind = schema.field(name).type
+            kept = self._decoded.get(self.table_dir, path, name, kind, values=rows is not None)
             if kept is not None:
                 whole[name] = kept
         missing = [n for n in names if n not in whole]
@@ -254,7 +255,7 @@ class MergeOnReadTable:
                 for name in wanted:
                     whole[name] = data.column(name).cast(schema.field(name).type)
                     if keep:
-                        self._decoded.put(self.table_dir, path, name, whole[name])
+                        self._decoded.put(self.table_dir, path, name, whole[name], written=False)
             else:
                 part = _read_rows(parquet, wanted, rows, schema)
         count = self.num_records(path) if rows is None else len(rows)

@@ -132,7 +132,7 @@ def test_the_example_configuration_parses() -> None:
     assert example.max_retained_wal == 1024**3
     assert example.max_bytes_per_batch == config().max_bytes_per_batch == 64 * 1024**2
     assert set(example.on_error.values()) == {"stop"}
-    assert example.read_cache == config().read_cache == 512 * 1024**2
+    assert example.read_cache == config().read_cache == 1024**3
     assert config(target={"path": "l", "read_cache": "2GB"}).read_cache == 2 * 1024**3
     assert config(source={**BASE["source"], "max_retained_wal": False}).max_retained_wal is None
 

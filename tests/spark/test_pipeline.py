@@ -14,7 +14,7 @@ import pytest
 
 from pgcdc.embedded import Database
 from pgcdc.pipeline._driver import SWITCH_INTERVAL
-from pgcdc.targets import DeltaTarget
+from pgcdc.targets import DeltaTarget, decoded_columns
 from replication.helpers import confirmed_flush, current_wal_lsn, unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
 
@@ -98,8 +98,10 @@ def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_p
         pg, slot, publication, tmp_path / "lake", TABLES, max_changes_per_batch=500
     )
     config["source"]["streaming"] = "on"
+    config["target"]["read_cache"] = "96MB"
     pipeline = run_pipeline(spark, config)
     assert pipeline.stats.batches >= 2
+    assert decoded_columns().budget == 96 << 20  # the batches the driver applied set it
     assert_identical(pg, config)
     # The clean stop moved the slot to the end of the last batch.
     assert confirmed_flush(pg, slot) >= pipeline.stats.last_commit_lsn

@@ -40,7 +40,7 @@ __all__ = [
 #: The bytes of target files' columns a process keeps decoded between batches, for the
 #: rows batches read back (`pgcdc.targets.decoded_columns`; the pipeline's
 #: ``target.read_cache``).
-READ_CACHE_BYTES = 512 << 20
+READ_CACHE_BYTES = 1 << 30
 Mode = Literal["mirror", "history", "changelog"]
 MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
 #: A history's version columns (struct<commit_lsn, ordinal>; END_AT null: the current one).

@@ -23,7 +23,7 @@ changelog_reads = true             # a change log starts with the copied rows (o
 [target]
 path = "lake"                      # <path>/<schema>.<table>[__history|__changelog]
 on_error = "stop"                  # a change a table cannot take: "stop" or "quarantine"
-read_cache = "1GB"                  # columns of target files kept decoded, per process
+read_cache = "1GB"                 # columns of target files kept decoded, per process
 # state = "state"                  # the pipeline's own state (default <path>/_pgcdc/<name>)
 # [target.storage_options]         # for an object store: delta-rs's options, e.g.
 # AWS_REGION = "eu-west-1"         #   path = "s3://bucket/lake", state = "s3://bucket/state"

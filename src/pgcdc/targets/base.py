@@ -41,6 +41,7 @@ __all__ = [
 #: rows batches read back (`pgcdc.targets.decoded_columns`; the pipeline's
 #: ``target.read_cache``).
 READ_CACHE_BYTES = 1 << 30
+
 Mode = Literal["mirror", "history", "changelog"]
 MODES: tuple[Mode, ...] = ("mirror", "history", "changelog")
 #: A history's version columns (struct<commit_lsn, ordinal>; END_AT null: the current one).

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, Protocol
+from typing import BinaryIO, Protocol
 
 import pyarrow as pa
 
@@ -124,22 +124,23 @@ class SpoolRange:
     data: bytes | None = field(default=None, repr=False)
 
 
-class _Unit(NamedTuple):
-    relid: int
-    segment: int
-    offset: int
-    length: int
-    changes: int
+#: A transaction's part in one file: (relid, segment, offset, length, changes). A plain
+#: tuple of ints, which the garbage collector stops tracking: the index holds some for each
+#: transaction until Spark is through with it, and under a steady load of small
+#: transactions named tuples made the collector's full passes frequent (see `_Txn`).
+_Unit = tuple[int, int, int, int, int]
 
 
 @dataclass(slots=True)
 class _Txn:
-    end_lsn: Lsn
-    commit_lsn: Lsn
+    """A committed transaction in the index (the only object of it the collector tracks)."""
+
+    end_lsn: int  # (not `Lsn`s: the collector tracks those; see `_Unit`)
+    commit_lsn: int
     commit_ts: int | None
     changes: int
     size: int
-    units: list[_Unit]
+    units: tuple[_Unit, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,12 +320,15 @@ class Spool:
         self._ordinal += 1
         relid = relation.relid
         unit = self._open.get(relid)
-        known = self._version_of.get(relid)
-        if unit is None or known is None or known[0] is not relation:  # first, or DDL
-            frame = change_frame(self._ordinal, lsn or 0, message)
-            self._frame(relid, self._version(relation), frame)
-            return
-        chunk = unit.chunk  # the hot path: the unit is open, the relation the same
+        if unit is None:  # the relation's first change in the transaction
+            version = self._version(relation)
+            unit = self._open[relid] = _Open(self._file(relid).size, version)
+        elif self._version_of[relid][0] is not relation:  # DDL inside the transaction
+            version = self._version(relation)
+            if version != unit.version:
+                self._flush(relid, unit)
+                unit.version = version
+        chunk = unit.chunk
         chunk += _FRAME_HEAD(self._ordinal, lsn or 0, len(message))
         chunk += message
         unit.changes += 1
@@ -378,7 +382,7 @@ class Spool:
             file.handle.write(record)
             file.size += len(record)
             length = file.size - unit.start
-            units.append(_Unit(relid, file.segment, unit.start, length, unit.changes))
+            units.append((relid, file.segment, unit.start, length, unit.changes))
             size += length
             changes += unit.changes
             self._dirty.add(relid)
@@ -386,7 +390,8 @@ class Spool:
         now = time.monotonic()
         if not self._staged:
             self._staged_at = now
-        self._staged.append(_Txn(Lsn(end_lsn), Lsn(commit_lsn), commit_ts, changes, size, units))
+        txn = _Txn(int(end_lsn), int(commit_lsn), commit_ts, changes, size, tuple(units))
+        self._staged.append(txn)
         if not self.hold_seconds or now - self._staged_at >= self.hold_seconds:
             self.publish()
 
@@ -406,8 +411,8 @@ class Spool:
             for txn in staged:
                 self._txns.append(txn)
                 self._bytes_held += txn.size
-                for u in txn.units:
-                    key = (u.relid, u.segment)
+                for relid, segment, *_ in txn.units:
+                    key = (relid, segment)
                     self._segments[key] = self._segments.get(key, 0) + 1
             self.changed.notify_all()
         self._dirty.clear()
@@ -438,7 +443,7 @@ class Spool:
     @property
     def last_lsn(self) -> Lsn | None:
         with self.changed:
-            return self._txns[-1].end_lsn if self._txns else None
+            return Lsn(self._txns[-1].end_lsn) if self._txns else None
 
     @property
     def bytes_held(self) -> int:
@@ -488,7 +493,7 @@ class Spool:
                     or (max_bytes is not None and size + txn.size > max_bytes)
                 ):
                     break
-                end, changes, size = txn.end_lsn, changes + txn.changes, size + txn.size
+                end, changes, size = Lsn(txn.end_lsn), changes + txn.changes, size + txn.size
             return end, changes
 
     def oldest_pending(self, after: Lsn) -> datetime | None:
@@ -508,8 +513,8 @@ class Spool:
             len(txns),
             sum(t.changes for t in txns),
             sum(t.size for t in txns),
-            txns[0].commit_lsn if txns else None,
-            txns[-1].commit_lsn if txns else None,
+            Lsn(txns[0].commit_lsn) if txns else None,
+            Lsn(txns[-1].commit_lsn) if txns else None,
             pg_timestamp_to_datetime(max(times)) if times else None,
         )
 
@@ -521,18 +526,14 @@ class Spool:
             for txn in self._after(start):
                 if txn.end_lsn > end:
                     break
-                for unit in txn.units:
-                    found = spans.setdefault(unit.relid, [])
+                for relid, segment, offset, length, changes in txn.units:
+                    found = spans.setdefault(relid, [])
                     last = found[-1] if found else None
-                    if (
-                        last is not None
-                        and last[0] == unit.segment
-                        and (last[1] + last[2] == unit.offset)
-                    ):
-                        last[2] += unit.length
-                        last[3] += unit.changes
+                    if last is not None and last[0] == segment and last[1] + last[2] == offset:
+                        last[2] += length
+                        last[3] += changes
                     else:
-                        found.append([unit.segment, unit.offset, unit.length, unit.changes])
+                        found.append([segment, offset, length, changes])
             versions = {relid: tuple(self._versions.get(relid, ())) for relid in spans}
         return {
             relid: [
@@ -559,15 +560,13 @@ class Spool:
             gone, self._txns = self._txns[:done], self._txns[done:]
             self._bytes_held -= sum(t.size for t in gone)
             for txn in gone:
-                for unit in txn.units:
-                    key = (unit.relid, unit.segment)
+                for relid, segment, *_ in txn.units:
+                    key = (relid, segment)
                     self._segments[key] -= 1
-                    active = self._files.get(unit.relid)
-                    if self._segments[key] == 0 and (
-                        active is None or active.segment != unit.segment
-                    ):
+                    active = self._files.get(relid)
+                    if self._segments[key] == 0 and (active is None or active.segment != segment):
                         del self._segments[key]
-                        self._path(unit.relid, unit.segment).unlink(missing_ok=True)
+                        self._path(relid, segment).unlink(missing_ok=True)
             self.changed.notify_all()
 
     def close(self) -> None:

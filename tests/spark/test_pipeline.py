@@ -4,6 +4,7 @@ truncates, row filters, identity-full tables and schema changes."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -129,14 +130,17 @@ def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_p
     assert "truncate" in changelog.column("op").to_pylist()
 
     # Nothing new: a second run applies nothing and changes nothing. While it runs, its
-    # threads switch every 0.5 ms; the interpreter's own interval comes back afterwards.
+    # threads switch every 0.5 ms and what existed before it is frozen out of the garbage
+    # collector's passes; the interpreter's own settings come back afterwards.
     intervals: set[float] = set()
+    frozen: set[int] = set()
     running = threading.Event()
     running.set()
 
     def watch() -> None:
         while running.is_set():
             intervals.add(sys.getswitchinterval())
+            frozen.add(gc.get_freeze_count())
             time.sleep(0.002)
 
     default = sys.getswitchinterval()
@@ -150,6 +154,7 @@ def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_p
     assert again.stats.changes == 0
     assert_identical(pg, config)
     assert SWITCH_INTERVAL in intervals and sys.getswitchinterval() == default > SWITCH_INTERVAL
+    assert max(frozen) > 10_000 and gc.get_freeze_count() == 0
 
 
 def test_row_filters_convert_updates(spark: Any, pg: Database, tmp_path: Path) -> None:

@@ -115,9 +115,11 @@ def _interpreter_for_streaming() -> Iterator[None]:
       delta-rs, the session) frozen out of the garbage collector's passes (`gc.freeze`). A
       full pass holds the interpreter, the replication session included, for as long as it
       takes to visit every tracked object, and a steady load starts one every second or
-      two. Measured (`benchmarks/sustained.py --pgbench`, one run each, its process logging
-      its full passes): 31 full passes in 4.3 s, the longest 0.33 s, against 33 in 0.93 s,
-      the longest 0.10 s, with 107,000 objects frozen.
+      two. Measured (`benchmarks/sustained.py --pgbench`, two runs each, alternated, the
+      process logging its full passes; with the spool's index no longer tracked per unit):
+      32 and 32 full passes took 5.2 and 6.5 s of the 75 s, the longest 0.37 and 0.61 s;
+      now 23 and 25 take 0.47 and 0.44 s, the longest 0.05 and 0.06 s (107,000 objects
+      frozen). Commit-to-visible p99 went from 2.4 and 5.6 s to 2.0 and 2.9 s.
     """
     switch = sys.getswitchinterval()
     sys.setswitchinterval(min(switch, SWITCH_INTERVAL))

@@ -15,6 +15,9 @@ import pytest
 
 from pgcdc.embedded import Database
 from pgcdc.pipeline._driver import SWITCH_INTERVAL
+from pgcdc.pipeline._lineage import SlotLineage
+from pgcdc.pipeline._startup import SlotRecord
+from pgcdc.protocol import Lsn
 from pgcdc.targets import DeltaTarget, decoded_columns
 from replication.helpers import confirmed_flush, current_wal_lsn, unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
@@ -82,7 +85,9 @@ def workload(db: Database) -> None:
     db.execute("UPDATE orders SET total = 3 WHERE id = 1")
 
 
-def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_path: Path) -> None:
+def test_mirrors_and_histories_follow_the_source(
+    spark: Any, pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slot, publication = setup(pg)
     pg.execute(f"ALTER DATABASE {pg.dbname} SET logical_decoding_work_mem = '64kB'")
     workload(pg)
@@ -100,12 +105,25 @@ def test_mirrors_and_histories_follow_the_source(spark: Any, pg: Database, tmp_p
     )
     config["source"]["streaming"] = "on"
     config["target"]["read_cache"] = "96MB"
+    saved: list[tuple[threading.Thread, Lsn]] = []  # the slot's record, by whom
+    save = SlotLineage._save
+
+    def recorded(lineage: SlotLineage, record: SlotRecord) -> None:
+        saved.append((threading.current_thread(), record.confirmed))
+        save(lineage, record)
+
+    monkeypatch.setattr(SlotLineage, "_save", recorded)
     pipeline = run_pipeline(spark, config)
     assert pipeline.stats.batches >= 2
     assert decoded_columns().budget == 96 << 20  # the batches the driver applied set it
     assert_identical(pg, config)
-    # The clean stop moved the slot to the end of the last batch.
+    # The clean stop moved the slot to the end of the last batch, which the driver recorded
+    # (each batch's end, before it let the session confirm it: the session's thread has no
+    # fsync to wait for then).
     assert confirmed_flush(pg, slot) >= pipeline.stats.last_commit_lsn
+    by_driver = [lsn for thread, lsn in saved if thread is threading.current_thread()]
+    assert len(by_driver) >= pipeline.stats.batches
+    assert max(lsn for _, lsn in saved) >= confirmed_flush(pg, slot)
 
     # History: customer 1 has its insert version closed by the interleaved update.
     history = (

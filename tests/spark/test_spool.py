@@ -3,6 +3,7 @@ envelope, an interrupted transaction cut off, release, damage."""
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -56,6 +57,27 @@ def test_plan_takes_whole_transactions_within_limits(tmp_path: Path) -> None:
     assert (info.transactions, info.changes) == (2, 8)
     assert (info.first_commit_lsn, info.last_commit_lsn) == (Lsn(1995), Lsn(2995))
     assert info.last_commit_time is not None and info.last_commit_time.year == 2000
+
+
+def test_the_index_leaves_the_collector_one_object_per_transaction(tmp_path: Path) -> None:
+    # What the index holds until Spark is through with it lives long enough to reach the
+    # collector's oldest generation: under a steady load of small transactions, objects it
+    # tracks there made a full pass start every two seconds (`_spool._Unit`).
+    spool = Spool(tmp_path / "spool")
+    for end in (1000, 2000, 3000):
+        spool.begin()
+        spool.change(REL, end - 10, insert(REL, 1))
+        spool.change(OTHER, end - 9, insert(OTHER, 2))
+        spool.commit(Lsn(end - 5), Lsn(end), 700 + end, 1_000_000, None)
+    gc.collect(0)  # a tuple of untracked values is untracked by the pass that finds it,
+    gc.collect(1)  # and the tuple of those tuples by the next: before the oldest generation
+    txns = spool._txns
+    assert len(txns) == 3 and all(len(t.units) == 2 for t in txns)
+    for txn in txns:
+        held = [txn.units, *txn.units, txn.end_lsn, txn.commit_lsn, txn.commit_ts]
+        assert not any(gc.is_tracked(x) for x in held), txn
+    assert spool.last_lsn == Lsn(3000) and type(spool.last_lsn) is Lsn
+    assert spool.plan(Lsn(0)) == (Lsn(3000), 6) and type(spool.plan(Lsn(0))[0]) is Lsn
 
 
 def test_pending_counts_the_changes_waiting(tmp_path: Path) -> None:

@@ -484,7 +484,7 @@ class Spool:
         """The end of the next batch after `start` (whole transactions, at least one) and its
         number of changes; `start` and 0 when there is nothing."""
         with self.changed:
-            end, changes, size = start, 0, 0
+            end, changes, size = int(start), 0, 0
             for txn in self._after(start):
                 if upto is not None and txn.end_lsn > upto:
                     break
@@ -493,8 +493,8 @@ class Spool:
                     or (max_bytes is not None and size + txn.size > max_bytes)
                 ):
                     break
-                end, changes, size = Lsn(txn.end_lsn), changes + txn.changes, size + txn.size
-            return end, changes
+                end, changes, size = txn.end_lsn, changes + txn.changes, size + txn.size
+            return Lsn(end), changes
 
     def oldest_pending(self, after: Lsn) -> datetime | None:
         """The commit time of the first transaction spooled after `after` (None: none)."""

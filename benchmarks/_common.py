@@ -1,7 +1,8 @@
-"""Helpers the pipeline benchmarks share (benchmarks/pipeline.py, benchmarks/sustained.py).
+"""Helpers the benchmarks share (pipeline.py, sustained.py, stream.py, session.py).
 
-Measuring CPU from ``/proc``, pg_recvlogical read through a pipe (the arrival time of each
-Commit), percentiles, the load average.
+Measuring CPU from ``/proc`` (a walsender's once it exited: the postmaster's reaped
+children), pg_recvlogical read through a pipe (the arrival time of each Commit),
+percentiles, the load average.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -70,6 +72,29 @@ def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
             total += stats[pid][1]
         todo.extend(children.get(pid, ()))
     return total
+
+
+# --------------------------------------------------------------------------- walsenders
+
+
+def reaped_children_cpu(postmaster_pid: int) -> tuple[float, float]:
+    """(user, system) seconds of the postmaster's exited-and-reaped children."""
+    stat = Path(f"/proc/{postmaster_pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state); cutime and cstime are fields 16 and 17
+    return int(fields[13]) / CLK_TCK, int(fields[14]) / CLK_TCK
+
+
+def wait_walsender_gone(db: Database, slot: str, postmaster_pid: int) -> tuple[float, float]:
+    """Wait until the slot is released and its walsender reaped; the reaped-children CPU."""
+    deadline = time.monotonic() + 30
+    query = "SELECT active FROM pg_replication_slots WHERE slot_name = %s"
+    while db.execute(query, (slot,))[0][0]:
+        if time.monotonic() > deadline:
+            sys.exit(f"slot {slot} still active 30 s after its consumer finished")
+        time.sleep(0.02)
+    time.sleep(0.2)  # the postmaster reaps on SIGCHLD
+    return reaped_children_cpu(postmaster_pid)
 
 
 # --------------------------------------------------------------------------- statistics

@@ -59,8 +59,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from _common import reaped_children_cpu, wait_walsender_gone
 from pgcdc.embedded import Database, EmbeddedServer
 from pgcdc.protocol import (
     INVALID_LSN,
@@ -135,26 +135,6 @@ class Result:
 
 
 # --------------------------------------------------------------------------- measuring
-
-
-def reaped_children_cpu(postmaster_pid: int) -> tuple[float, float]:
-    """(user, system) seconds of the postmaster's exited-and-reaped children."""
-    stat = Path(f"/proc/{postmaster_pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state); cutime and cstime are fields 16 and 17
-    return int(fields[13]) / CLK_TCK, int(fields[14]) / CLK_TCK
-
-
-def wait_walsender_gone(db: Database, slot: str, postmaster_pid: int) -> tuple[float, float]:
-    """Wait until the slot is released and its walsender reaped; the reaped-children CPU."""
-    deadline = time.monotonic() + 30
-    query = "SELECT active FROM pg_replication_slots WHERE slot_name = %s"
-    while db.execute(query, (slot,))[0][0]:
-        if time.monotonic() > deadline:
-            sys.exit(f"slot {slot} still active 30 s after its consumer finished")
-        time.sleep(0.02)
-    time.sleep(0.2)  # the postmaster reaps on SIGCHLD
-    return reaped_children_cpu(postmaster_pid)
 
 
 def run_recvlogical(

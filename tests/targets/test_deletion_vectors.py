@@ -883,3 +883,24 @@ def test_object_stores_are_refused_for_copy_on_write(moto_s3: Any) -> None:
     with pytest.raises(DeletionVectorsUnsupported, match="put-if-absent"):
         MergeOnReadTable(table)
     assert logical_row_count(table) == 10
+
+
+def test_a_key_in_a_file_twice_is_found_at_each_of_its_rows(tmp_path: Path) -> None:
+    """A file's index searches once per key when no key number repeats in it, and for the
+    whole run of entries when one does (a history's versions of a key, read without the
+    current-version condition): both ways find every row, and no row of another key."""
+    path = str(tmp_path / "h")
+    versions = pa.table(
+        {"id": pa.array([1, 2, 2, 3, 2], pa.int64()), "v": ["a", "b1", "b2", "c", "b3"]}
+    )
+    write_deltalake(path, versions, configuration=_DV)
+    write_deltalake(
+        path, pa.table({"id": pa.array([5, 4], pa.int64()), "v": ["e", "d"]}), mode="append"
+    )
+    locator = RowLocator(MergeOnReadTable(DeltaTable(path)), ["id"])
+    keys = pa.table({"id": pa.array([2, 4, 9, 3], pa.int64())})
+    found = locator.locate(keys, columns=["v"])
+    assert found.values is not None
+    hits = sorted(zip(found.key_row.tolist(), found.values.column("v").to_pylist(), strict=True))
+    assert hits == [(0, "b1"), (0, "b2"), (0, "b3"), (1, "d"), (3, "c")]
+    assert found.found(keys.num_rows).tolist() == [True, True, False, True]

@@ -19,7 +19,7 @@ from typing import Any
 from deltalake import CommitProperties, DeltaTable, Transaction
 
 from pgcdc.envelope import ColumnInfo, Shape
-from pgcdc.targets._mor.log import local_log_dir, read_commit
+from pgcdc.targets._mor.log import commit_path, local_log_dir
 from pgcdc.targets.fold import Seq
 
 __all__ = [
@@ -121,13 +121,15 @@ def latest_columns(table: DeltaTable) -> str | None:
 
 
 def _commit_info(log_dir: str, version: int) -> dict[str, Any] | None:
+    """The commit's information: its actions are read up to it (a writer puts it first; a
+    batch's commit holds an action per file it touched, each with the file's statistics)."""
     try:
-        actions = read_commit(log_dir, version)
+        with open(commit_path(log_dir, version), encoding="utf-8") as f:
+            for line in f:
+                if line.strip() and "commitInfo" in (action := json.loads(line)):
+                    return {**action["commitInfo"], "version": version}
     except FileNotFoundError:
         return None
-    for action in actions:
-        if "commitInfo" in action:
-            return {**action["commitInfo"], "version": version}
     return None
 
 

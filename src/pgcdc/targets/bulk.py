@@ -60,15 +60,22 @@ def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Arra
     offsets = combined.offsets.to_numpy()
     if not np.all(np.diff(offsets) == len(names)):
         return None
-    starts = offsets[:-1]
-    keys, items = combined.keys, combined.items
-    out = {}
-    for j, name in enumerate(names):
-        at = pa.array(starts + j)
-        if not pc.all(pc.equal(keys.take(at), name)).as_py():
-            return None
-        out[name] = items.take(at)
-    return out
+    first = int(offsets[0])
+    count = int(offsets[-1]) - first
+    keys = combined.keys.slice(first, count)
+    positions = _positions(keys, names)
+    if not np.array_equal(positions, np.tile(np.arange(len(names)), len(combined))):
+        return None
+    items = combined.items.slice(first, count)
+    return {
+        name: items.take(pa.array(np.arange(j, count, len(names)))) for j, name in enumerate(names)
+    }
+
+
+def _positions(keys: pa.Array, names: tuple[str, ...]) -> np.ndarray:
+    """Each map key's place in `names` (-1: not one of them), in one pass over the keys."""
+    found = pc.index_in(keys, value_set=pa.array(names, pa.string()))
+    return found.fill_null(-1).to_numpy(zero_copy_only=False, writable=True)
 
 
 def _sparse_columns(
@@ -83,17 +90,17 @@ def _sparse_columns(
     first, end = int(offsets[0]), int(offsets[-1])
     parents = np.repeat(np.arange(count), np.diff(offsets))
     valid = combined.is_valid().to_numpy(zero_copy_only=False)
-    keys = combined.keys.slice(first, end - first)
     items = combined.items.slice(first, end - first)
+    positions = _positions(combined.keys.slice(first, end - first), names)
+    positions[~valid[parents]] = -1  # a null map's entries (none from the builder) are not read
     values: dict[str, pa.Array] = {}
     absent: dict[str, np.ndarray] = {}
-    for name in names:
-        chosen = pc.equal(keys, name).fill_null(False).to_numpy(zero_copy_only=False)
-        chosen &= valid[parents]
-        at = np.full(count, -1, dtype=np.int64)
-        at[parents[chosen]] = np.arange(int(chosen.sum()))
+    for j, name in enumerate(names):
+        entries = np.flatnonzero(positions == j)
+        at = np.full(count, -1, dtype=np.int64)  # each map's entry of the name
+        at[parents[entries]] = entries
         lacking = at < 0
-        values[name] = items.filter(pa.array(chosen)).take(pa.array(at, mask=lacking))
+        values[name] = items.take(pa.array(at, mask=lacking))
         if lacking.any():
             absent[name] = lacking
     return values, absent

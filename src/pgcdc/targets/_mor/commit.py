@@ -189,7 +189,7 @@ def write_data_files(
 
 def _with_loose_bounds(stats: str | None) -> str | None:
     """A file's statistics once rows of it are deleted: its bounds may no longer be tight."""
-    if not stats:
+    if not stats or '"tightBounds":false' in stats:  # (as written here: a DV before)
         return stats
     parsed = json.loads(stats)
     parsed["tightBounds"] = False

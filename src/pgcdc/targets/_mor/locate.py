@@ -81,6 +81,9 @@ class _Index:
     codes: npt.NDArray[Any]  # sorted key numbers of the rows that count
     positions: npt.NDArray[np.uint32] | None  # their row indexes in the file (None: 0, 1, ...)
     keys: list[pa.Array] | None  # the key columns (file order) to check hash matches
+    #: No key number twice (a file pgcdc wrote: a batch's rows, a copy, a rewrite of live
+    #: rows): a key is found with one search, not two.
+    unique: bool = False
 
     def rows(self, at: npt.NDArray[np.int64]) -> Rows:
         """The row indexes of the index's entries `at`."""
@@ -177,18 +180,28 @@ class RowLocator:
     ) -> tuple[_I64, Rows]:
         wanted = codes[key_rows]
         start = np.searchsorted(index.codes, wanted, side="left")
-        end = np.searchsorted(index.codes, wanted, side="right")
+        if index.unique:
+            inside = np.flatnonzero(start < len(index.codes))
+            hit = inside[index.codes[start[inside]] == wanted[inside]]
+            key_hit, rows = key_rows[hit], index.rows(start[hit])
+        else:
+            end = np.searchsorted(index.codes, wanted, side="right")
+            key_hit, rows = self._runs(index, key_rows, start, end)
+        if check and rows.size:
+            assert index.keys is not None
+            same = same_keys(data, key_hit, index.keys, rows.astype(np.int64))
+            key_hit, rows = key_hit[same], rows[same]
+        return key_hit, rows
+
+    @staticmethod
+    def _runs(index: _Index, key_rows: _I64, start: _I64, end: _I64) -> tuple[_I64, Rows]:
+        """Each key row with every entry of its run [start, end) of the index."""
         counts = end - start
         if not counts.any():
             return np.empty(0, np.int64), sorted_rows([])
         key_hit = np.repeat(key_rows, counts)
         offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        rows = index.rows(np.repeat(start, counts) + offsets)
-        if check:
-            assert index.keys is not None
-            same = same_keys(data, key_hit, index.keys, rows.astype(np.int64))
-            key_hit, rows = key_hit[same], rows[same]
-        return key_hit, rows
+        return key_hit, index.rows(np.repeat(start, counts) + offsets)
 
     # -- which files -----------------------------------------------------------------------
 
@@ -307,9 +320,9 @@ class RowLocator:
         every = len(rows) == count
         kept = codes.codes if every else codes.codes[rows]
         if bool(np.all(kept[1:] >= kept[:-1])):  # a file written in key order: no sort
-            return _Index(kept, None if every else rows, check)
+            return _Index(kept, None if every else rows, check, _unique(kept))
         order = np.argsort(kept, kind="stable")
-        return _Index(kept[order], rows[order], check)
+        return _Index(kept[order], rows[order], check, _unique(kept[order]))
 
     def _forget_dead(self) -> None:
         live = self.table.state.adds
@@ -339,6 +352,10 @@ class RowLocator:
         placed[np.concatenate(order)] = np.arange(len(matches))
         schema = pa.schema([self.schema.field(n) for n in names])
         return table.take(pa.array(placed)).cast(schema)
+
+
+def _unique(ordered: npt.NDArray[Any]) -> bool:
+    return bool(np.all(ordered[1:] != ordered[:-1]))
 
 
 def _with_values(matches: Matches, values: pa.Table) -> Matches:

@@ -159,6 +159,7 @@ class MergeOnReadTable:
         self.state = LogState.read(self.table_dir, table.version())
         self._deleted: dict[str, Rows] = {}  # DV unique id -> its rows
         self._decoded = decoded_columns() if decoded is None else decoded
+        self._schema: tuple[int, pa.Schema] | None = None  # (version, its schema)
 
     @property
     def uri(self) -> str:
@@ -283,7 +284,11 @@ class MergeOnReadTable:
         return list(self.table.metadata().partition_columns)
 
     def arrow_schema(self) -> pa.Schema:
-        return pa.schema(self.table.schema().to_arrow())
+        """The table's schema (as of its version: a schema changes only in a commit)."""
+        version = self.table.version()
+        if self._schema is None or self._schema[0] != version:
+            self._schema = (version, pa.schema(self.table.schema().to_arrow()))
+        return self._schema[1]
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)

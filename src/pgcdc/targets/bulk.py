@@ -62,9 +62,8 @@ def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Arra
         return None
     first = int(offsets[0])
     count = int(offsets[-1]) - first
-    keys = combined.keys.slice(first, count)
-    positions = _positions(keys, names)
-    if not np.array_equal(positions, np.tile(np.arange(len(names)), len(combined))):
+    layout = pa.array(names, pa.string()).take(np.tile(np.arange(len(names)), len(combined)))
+    if not pc.all(pc.equal(combined.keys.slice(first, count), layout)).as_py():
         return None
     items = combined.items.slice(first, count)
     return {

@@ -115,8 +115,6 @@ class BatchApplier:
         self._relations: dict[bytes, Relation] = {}
         #: Seconds of maintenance between batches since the last batch's report.
         self._maintained = 0.0
-        #: Per table: seconds per change of its last batches (how `group_work` weighs it).
-        self._cost: dict[str, float] = {}
 
     def _relation(self, encoded: bytes) -> Relation:
         relation = self._relations.get(encoded)
@@ -175,18 +173,14 @@ class BatchApplier:
             works = [replace(w, maintain=False) for w in works]
         if not dispatcher.same_host:
             works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
-        groups = group_work(works, dispatcher.parallelism, self._cost)
+        groups = group_work(works, dispatcher.parallelism)
         try:
             results = dispatcher.map(apply_tables, groups)
         except DispatchError as exc:
             raise PipelineFailed(str(exc)) from None
-        outcomes = [outcome for result in results for outcome in result]
-        for outcome in outcomes:
-            if outcome.changes and outcome.error is None:
-                measured = outcome.seconds / outcome.changes
-                before = self._cost.get(outcome.table, measured)
-                self._cost[outcome.table] = (before + measured) / 2
-        return outcomes, "inline" if by_driver else "job"
+        return [outcome for result in results for outcome in result], (
+            "inline" if by_driver else "job"
+        )
 
     def maintain_between(self) -> bool:
         """One maintenance pass of a target the driver keeps open, if one is due (called

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import statistics
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -104,26 +103,15 @@ class TableOutcome:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def group_work(
-    works: list[TableWork], tasks: int, cost: Mapping[str, float] | None = None
-) -> list[list[TableWork]]:
-    """At most `tasks` groups of about equal work (largest first), so that a batch of many
-    small tables does not pay a task per table. A table's work is its changes times its
-    seconds per change in earlier batches (`cost`; a table not measured yet: the median of
-    those that were): tables differ tenfold (a wide row with a large text against a narrow
-    one), and grouped by changes alone, the group with the dearest table ends last."""
-    cost = cost or {}
-    default = statistics.median(cost.values()) if cost else 1.0
-
-    def load(work: TableWork) -> float:
-        return max(work.changes, 1) * cost.get(work.table, default)
-
+def group_work(works: list[TableWork], tasks: int) -> list[list[TableWork]]:
+    """At most `tasks` groups of about equal changes (largest first), so that a batch of
+    many small tables does not pay a task per table."""
     groups: list[list[TableWork]] = [[] for _ in range(min(tasks, len(works)))]
-    loads = [0.0] * len(groups)
-    for work in sorted(works, key=lambda w: -load(w)):
+    loads = [0] * len(groups)
+    for work in sorted(works, key=lambda w: -w.changes):
         at = loads.index(min(loads))
         groups[at].append(work)
-        loads[at] += load(work)
+        loads[at] += max(work.changes, 1)
     return [g for g in groups if g]
 
 

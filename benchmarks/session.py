@@ -111,7 +111,8 @@ def current_lsn(db: Database) -> Lsn:
 
 
 def spooler(db: Database, slot: str) -> tuple[Spooler, Spool]:
-    spool = Spool(Path(tempfile.mkdtemp(prefix="pgcdc-bench-session-")) / "spool")
+    # (the spool removes its directory when the session stops)
+    spool = Spool(Path(tempfile.gettempdir()) / f"pgcdc-bench-session-{os.getpid()}-{slot}")
     options = StreamOptions((PUBLICATION,), proto_version=4)
     return Spooler(db.dsn, slot, options, spool), spool
 

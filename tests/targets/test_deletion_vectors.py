@@ -885,20 +885,30 @@ def test_object_stores_are_refused_for_copy_on_write(moto_s3: Any) -> None:
     assert logical_row_count(table) == 10
 
 
-def test_a_key_in_a_file_twice_is_found_at_each_of_its_rows(tmp_path: Path) -> None:
+_KEY_KINDS = {
+    # numbers that are the keys themselves, and hashed ones (checked against the values)
+    "bigint": (["id"], lambda ids: {"id": pa.array(ids, pa.int64())}),
+    "text": (["id"], lambda ids: {"id": pa.array([f"key-{i}" for i in ids])}),
+    "composite": (
+        ["id", "n"],
+        lambda ids: {"id": pa.array([f"k{i % 2}" for i in ids]), "n": pa.array(ids, pa.int32())},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_KEY_KINDS))
+def test_a_key_in_a_file_twice_is_found_at_each_of_its_rows(tmp_path: Path, kind: str) -> None:
     """A file's index searches once per key when no key number repeats in it, and for the
     whole run of entries when one does (a history's versions of a key, read without the
-    current-version condition): both ways find every row, and no row of another key."""
+    current-version condition): both ways find every row, and no row of another key, for
+    keys numbered by value and by hash alike."""
+    names, keyed = _KEY_KINDS[kind]
     path = str(tmp_path / "h")
-    versions = pa.table(
-        {"id": pa.array([1, 2, 2, 3, 2], pa.int64()), "v": ["a", "b1", "b2", "c", "b3"]}
-    )
+    versions = pa.table({**keyed([1, 2, 2, 3, 2]), "v": ["a", "b1", "b2", "c", "b3"]})
     write_deltalake(path, versions, configuration=_DV)
-    write_deltalake(
-        path, pa.table({"id": pa.array([5, 4], pa.int64()), "v": ["e", "d"]}), mode="append"
-    )
-    locator = RowLocator(MergeOnReadTable(DeltaTable(path)), ["id"])
-    keys = pa.table({"id": pa.array([2, 4, 9, 3], pa.int64())})
+    write_deltalake(path, pa.table({**keyed([5, 4]), "v": ["e", "d"]}), mode="append")
+    locator = RowLocator(MergeOnReadTable(DeltaTable(path)), names)
+    keys = pa.table(keyed([2, 4, 9, 3]))
     found = locator.locate(keys, columns=["v"])
     assert found.values is not None
     hits = sorted(zip(found.key_row.tolist(), found.values.column("v").to_pylist(), strict=True))

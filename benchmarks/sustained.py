@@ -231,6 +231,8 @@ class Batch:
     last_commit: datetime | None
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
+    #: Per table: the seconds its work took (the batch log's targets).
+    tables: dict[str, float] = field(default_factory=dict)
 
 
 class JsonLines:
@@ -327,6 +329,10 @@ class PipelineProcess:
                     record.last_commit_time,
                     record.seconds,
                     dict(record.phases),
+                    {
+                        name.rsplit(" ", 1)[0]: float(target.get("seconds", 0.0))
+                        for name, target in record.targets.items()
+                    },
                 )
             )
             if record.last_commit_time is not None:
@@ -394,6 +400,8 @@ def pipeline_toml(args: argparse.Namespace, dsn: str, lake: Path, tables: list[s
         lines.append(f"max_changes_per_batch = {args.max_changes}")
     if args.inline_max is not None:
         lines.append(f"inline_max_changes = {args.inline_max}")
+    if args.apply_processes is not None:
+        lines.append(f"apply_processes = {args.apply_processes}")
     lines.append("[tables]")
     lines += [f'"public.{t}" = {modes}' for t in tables]
     return "\n".join(lines) + "\n"
@@ -835,7 +843,7 @@ class Bench:
             for phase, value in batch.phases.items():
                 result.phases[phase] = result.phases.get(phase, 0.0) + value
         result.slowest = [
-            {"seconds": b.seconds, "changes": b.changes, "phases": b.phases}
+            {"seconds": b.seconds, "changes": b.changes, "phases": b.phases, "tables": b.tables}
             for b in sorted(batches, key=lambda b: b.seconds, reverse=True)[:SLOWEST]
         ]
         visible = next((b.at for b in batches if b.last_commit and b.last_commit >= marker), None)
@@ -1166,7 +1174,12 @@ def print_summary(results: list[StepResult]) -> None:
         asked = "pgbench" if r.rate is None else f"{r.rate:,.0f}/s"
         for b in r.slowest:
             spent = ", ".join(f"{k} {v:.2f}" for k, v in b["phases"].items() if v >= 0.005)
-            print(f"{asked:>11} {b['seconds']:6.2f} s, {b['changes']:>7,} changes: {spent}")
+            tables = sorted(b["tables"].items(), key=lambda t: -t[1])[:2]
+            slowest = "; ".join(f"{t} {v:.2f}" for t, v in tables)
+            print(
+                f"{asked:>11} {b['seconds']:6.2f} s, {b['changes']:>7,} changes: {spent}"
+                + (f"; slowest tables {slowest}" if slowest else "")
+            )
 
 
 # --------------------------------------------------------------------------- main
@@ -1191,6 +1204,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", help="trigger.interval (the pipeline's default)")
     parser.add_argument(
         "--inline-max", type=int, help="trigger.inline_max_changes (the pipeline's default)"
+    )
+    parser.add_argument(
+        "--apply-processes",
+        type=int,
+        help="trigger.apply_processes (the pipeline's default; 0: threads of the driver)",
     )
     parser.add_argument(
         "--max-changes", type=int, help="trigger.max_changes_per_batch (the pipeline's default)"

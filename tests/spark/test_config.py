@@ -89,6 +89,9 @@ def test_sizes(value: Any, expected: int) -> None:
             "target.table_properties: targetFileSize is not a Delta table property (delta.*)",
         ),
         ({"trigger": {"inline_max_changes": -1}}, "trigger.inline_max_changes must be a whole"),
+        ({"trigger": {"apply_processes": -1}}, "trigger.apply_processes must be a whole"),
+        ({"trigger": {"apply_processes": "2"}}, "trigger.apply_processes must be a whole"),
+        ({"trigger": {"apply_processes": True}}, "trigger.apply_processes must be a whole"),
         ({"source": {**BASE["source"], "spool_dir": ""}}, "source.spool_dir must be a directory"),
         # what a new user types: a misspelt key, a section that does not exist, a string flag
         ({"trigger": {"intervall": 1}}, "unknown key 'intervall' in [trigger]; did you mean 'i"),

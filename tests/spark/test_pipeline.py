@@ -8,17 +8,20 @@ import gc
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pgcdc.embedded import Database
+from pgcdc.pipeline._appliers import ApplierPool
 from pgcdc.pipeline._driver import SWITCH_INTERVAL
 from pgcdc.pipeline._lineage import SlotLineage
 from pgcdc.pipeline._startup import SlotRecord
+from pgcdc.pipeline._work import TableOutcome, TableWork
 from pgcdc.protocol import Lsn
-from pgcdc.targets import DeltaTarget, decoded_columns
+from pgcdc.targets import DeltaTarget
 from replication.helpers import confirmed_flush, current_wal_lsn, unique
 from spark.helpers import assert_identical, pipeline_config, run_pipeline
 
@@ -113,9 +116,17 @@ def test_mirrors_and_histories_follow_the_source(
         save(lineage, record)
 
     monkeypatch.setattr(SlotLineage, "_save", recorded)
+    sent: list[TableWork] = []  # to the apply processes
+    apply = ApplierPool.apply
+
+    def sending(pool: ApplierPool, works: Sequence[TableWork]) -> list[TableOutcome]:
+        sent.extend(works)
+        return apply(pool, works)
+
+    monkeypatch.setattr(ApplierPool, "apply", sending)
     pipeline = run_pipeline(spark, config)
     assert pipeline.stats.batches >= 2
-    assert decoded_columns().budget == 96 << 20  # the batches the driver applied set it
+    assert sent and {work.read_cache for work in sent} == {96 << 20}
     assert_identical(pg, config)
     # The clean stop moved the slot to the end of the last batch, which the driver recorded
     # (each batch's end, before it let the session confirm it: the session's thread has no
@@ -253,12 +264,15 @@ def test_targets_given_by_uri(spark: Any, pg: Database, tmp_path: Path) -> None:
     assert (tmp_path / "state" / "tables.json").exists()
 
 
+@pytest.mark.parametrize("processes", [0, 2])
 def test_targets_the_driver_applies_batches_to_are_maintained_between_them(
-    spark: Any, pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int
 ) -> None:
-    """The driver maintains the targets of the batches it applies itself while it waits for
-    the next batch, or, when none waits, with one pass after a batch: each target still gets
-    its passes, one target at a time."""
+    """The targets of the batches the driver keeps are maintained where they are open, while
+    the driver waits for the next batch, or, when none waits, with one pass after a batch:
+    each target still gets its passes, one target of a process at a time. Threads of the
+    driver (``apply_processes = 0``): every pass is counted, due every 3 versions. Apply
+    processes: the passes they say they ran, due every 25 versions (their own default)."""
     import pgcdc.targets._merge_on_read as merge_on_read
     import pgcdc.targets.delta as delta
 
@@ -269,8 +283,16 @@ def test_targets_the_driver_applies_batches_to_are_maintained_between_them(
         passes.append(table.uri)
         return original(table, policy, **options)
 
+    ran: list[bool] = []
+    maintain = ApplierPool.maintain
+
+    def said(pool: ApplierPool) -> bool:
+        ran.append(maintain(pool))
+        return ran[-1]
+
     monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 3)
     monkeypatch.setattr(merge_on_read, "maintain_deletion_vectors", counted)
+    monkeypatch.setattr(ApplierPool, "maintain", said)
     slot, publication = unique("maint"), unique("pub")
     pg.execute(
         "CREATE TABLE m (id int PRIMARY KEY, v int); "
@@ -278,19 +300,26 @@ def test_targets_the_driver_applies_batches_to_are_maintained_between_them(
         f"CREATE PUBLICATION {publication} FOR TABLE m"
     )
     pg.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    batches = 15 if processes == 0 else 30
     try:
-        for i in range(15):  # a transaction of 10 changes a batch: 15 batches
+        for i in range(batches):  # a transaction of 10 changes a batch
             pg.execute(f"UPDATE m SET v = {i + 1} WHERE id % 5 = {i % 5}")
         tables = {"public.m": ["mirror", "history"]}
         config = pipeline_config(
             pg, slot, publication, tmp_path / "lake", tables, max_changes_per_batch=10
         )
+        config["trigger"]["apply_processes"] = processes
         pipeline = run_pipeline(spark, config)
-        assert pipeline.stats.batches == 15
+        assert pipeline.stats.batches == batches
         assert_identical(pg, config)
-        for mode in ("public.m", "public.m__history"):
-            made = [p for p in passes if p.rstrip("/").endswith(mode)]
-            assert len(made) >= 3, (mode, passes)  # due every 3 versions of 15 and more
+        if processes:
+            assert not passes  # none in the driver
+            assert ran.count(True) >= 2, ran  # one of each target, after version 25
+        else:
+            assert not ran
+            for mode in ("public.m", "public.m__history"):
+                made = [p for p in passes if p.rstrip("/").endswith(mode)]
+                assert len(made) >= 3, (mode, passes)  # due every 3 versions of 15 and more
     finally:
         pg.execute(f"SELECT pg_drop_replication_slot('{slot}')")
         pg.execute(f"DROP PUBLICATION {publication}; DROP TABLE m")

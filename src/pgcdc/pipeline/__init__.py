@@ -9,7 +9,7 @@ work on Spark (`pgcdc.spark`).
   what the stream does not show (`_bindings`), column identity (`_columns`), quarantine
   records (`_quarantine`), the initial copy (`_copy`) and copies beside the stream
   (`_online`), a batch applied (`_batch`) and the work it is cut into (`_work`), where that
-  work runs (`_dispatch`).
+  work runs (`_dispatch`: Spark's tasks; `_appliers`: the driver's apply processes).
 """
 
 from pgcdc.pipeline._bindings import BindingError

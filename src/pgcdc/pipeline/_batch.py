@@ -1,7 +1,8 @@
 """A batch of spooled transactions applied to every target: one `TableWork` per table with
-changes (its column types resolved on the driver), run by the driver itself unless a large
-backlog waits (then by a Spark job); a table whose changes fail under ``on_error =
-"quarantine"`` is set aside; the batch's line goes to the batch log and the metrics.
+changes (its column types resolved on the driver), run by the driver's apply processes
+(`pgcdc.pipeline._appliers`) unless a large backlog waits (then by a Spark job); a table
+whose changes fail under ``on_error = "quarantine"`` is set aside; the batch's line goes to
+the batch log and the metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 
 from pgcdc.errors import PipelineFailed
 from pgcdc.monitoring import BatchLog, BatchRecord, PipelineMetrics
+from pgcdc.pipeline._appliers import ApplierPool
 from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
 from pgcdc.pipeline._online import OnlineCopies
 from pgcdc.pipeline._tables import FollowedTables
@@ -38,13 +40,14 @@ def batch_bounds(
     """The most changes the next batch may hold, given the changes waiting (`pending`), and
     whether the driver applies it (else a Spark job).
 
-    The driver keeps its targets open between batches, a Spark job's tasks open theirs anew
-    in each worker (the first job of a run starts the workers too). So whatever waits, up to
-    ``inline_max_changes``, is one batch the driver applies: under a live load a slow batch
-    is followed by a larger one, cheaper per change, and still the driver's. A larger backlog
-    (a run starting behind, a burst) goes to Spark jobs, in batches up to
-    ``max_changes_per_batch``: their tasks run in processes of their own, while the driver's
-    threads share one interpreter with the replication thread, busy receiving the backlog."""
+    The driver's apply processes keep their targets open between batches, a Spark job's
+    tasks open theirs anew in each worker (the first job of a run starts the workers too). So
+    whatever waits, up to ``inline_max_changes``, is one batch the driver applies: under a
+    live load a slow batch is followed by a larger one, cheaper per change, and still the
+    driver's. A larger backlog (a run starting behind, a burst) goes to Spark jobs, in
+    batches up to ``max_changes_per_batch``, one task per table on as many cores as Spark
+    has (with ``apply_processes = 0`` the driver's threads would share one interpreter with
+    the replication thread, busy receiving the backlog)."""
     if pending > inline_max_changes or not inline_max_changes:
         return max_changes, False
     limit = inline_max_changes if max_changes is None else min(max_changes, inline_max_changes)
@@ -108,13 +111,27 @@ class BatchApplier:
         self.types = types
         self.batch_log = batch_log
         self._dispatcher = dispatcher
-        #: Applies small batches in this process (`run_tasks`).
+        #: The processes that apply the batches the driver keeps (`start`), or None: threads
+        #: of this process do (``apply_processes = 0``: `_inline`).
+        self._appliers: ApplierPool | None = None
         self._inline = InlineDispatcher(parallelism=2)
         #: The gauges to keep, while the pipeline serves metrics.
         self.metrics: PipelineMetrics | None = None
         self._relations: dict[bytes, Relation] = {}
         #: Seconds of maintenance between batches since the last batch's report.
         self._maintained = 0.0
+
+    def start(self) -> None:
+        """Lease the apply processes (new ones import what they need while the session
+        starts; `pgcdc.pipeline._appliers`)."""
+        if self.config.apply_processes and self._appliers is None:
+            self._appliers = ApplierPool.lease(self.config.apply_processes)
+
+    def close(self) -> None:
+        """Give the apply processes back, for the next run of this process."""
+        appliers, self._appliers = self._appliers, None
+        if appliers is not None:
+            appliers.give_back()
 
     def _relation(self, encoded: bytes) -> Relation:
         relation = self._relations.get(encoded)
@@ -162,15 +179,20 @@ class BatchApplier:
         return works
 
     def run_tasks(self, works: list[TableWork], by_driver: bool) -> tuple[list[TableOutcome], str]:
-        """The batch's tables applied: by the driver itself (`batch_bounds` says when),
-        else by a Spark job; and which ("inline", "job"). Tasks that do not run on this
-        machine (a cluster's, a Spark Connect server's) get the tables' changes read from
-        the spool into their work: only the driver can read it."""
+        """The batch's tables applied: by the driver's apply processes (`batch_bounds` says
+        when), else by a Spark job; and which ("inline", "job"). Tasks that do not run on
+        this machine (a cluster's, a Spark Connect server's) get the tables' changes read
+        from the spool into their work: only the driver can read it."""
         if not works:
             return [], "inline"
-        dispatcher = self._inline if by_driver else self._dispatcher()
         if by_driver:  # its targets are maintained between batches (`maintain_between`)
             works = [replace(w, maintain=False) for w in works]
+            if self._appliers is not None:
+                try:
+                    return self._appliers.apply(works), "inline"
+                except DispatchError as exc:
+                    raise PipelineFailed(str(exc)) from None
+        dispatcher = self._inline if by_driver else self._dispatcher()
         if not dispatcher.same_host:
             works = [replace(w, ranges=load_ranges(w.ranges)) for w in works]
         groups = group_work(works, dispatcher.parallelism)
@@ -188,7 +210,13 @@ class BatchApplier:
         the next one, and passes of several targets often fall due in the same batch);
         whether one ran."""
         started = time.monotonic()
-        ran = maintain_open()
+        if self._appliers is None:
+            ran = maintain_open()
+        else:
+            try:
+                ran = self._appliers.maintain()
+            except DispatchError as exc:
+                raise PipelineFailed(str(exc)) from None
         self._maintained += time.monotonic() - started
         return ran
 

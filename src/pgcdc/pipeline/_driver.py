@@ -2,7 +2,7 @@
 
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
-Spark job (a small batch: threads of the driver) whose tasks read their tables' changes from
+Spark job (a small batch: the driver's apply processes) whose tasks read their tables' changes from
 the spool (on a cluster, or through Spark Connect: get them with their work), build the
 envelope a column at a time and apply every configured table to its targets in parallel
 (`pgcdc.pipeline._work`). Every target commits its
@@ -505,10 +505,12 @@ class Pipeline:
         self.copies.start_all()
         start = Lsn(get_slot(self.config.conninfo, self.config.slot).confirmed_flush_lsn or 0)
         self.spooler = spooler = self._session()
-        # The Python workers import what the tasks need while the session spools.
+        # The apply processes and Spark's Python workers import what the tasks need while
+        # the session spools.
         forget_open_targets()
-        self.dispatcher.map(warm_up, range(self.dispatcher.parallelism))
         try:
+            self.batches.start()
+            self.dispatcher.map(warm_up, range(self.dispatcher.parallelism))
             self._stream(spooler, start, tick)
             self.copies.join_all()  # available-now: the copies finish before the run
             self.copies.finish()
@@ -517,6 +519,7 @@ class Pipeline:
         except PgcdcError as exc:
             raise PipelineFailed(str(exc)) from None
         finally:
+            self.batches.close()
             spooler.stop()  # the last status update moves the slot to what is durable
             self.catalog.close()
             self._spool_catalog.close()

@@ -36,6 +36,7 @@ interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
 max_bytes_per_batch = "64MB"       # of spooled changes (on a cluster: inside Spark's tasks)
 inline_max_changes = 100000        # a backlog this small: the driver applies it, not Spark
+apply_processes = 2                # the driver's apply processes (0: threads of the driver)
 
 [spark]                            # where the work runs; default: local[*] in this process
 master = "local[*]"                # or "spark://host:7077", "yarn", "k8s://https://host:6443"
@@ -72,20 +73,21 @@ that setting, and the driver's memory, raised on a cluster).
 (not both); ``[spark.conf]`` is given to the session (a key may be quoted,
 ``"spark.executor.memory" = "2g"``, or written as TOML's dotted keys). Under ``spark-submit``
 (`pgcdc.spark.submit`) the session is spark-submit's and ``[spark]`` is not used.
-``interval`` is a number of seconds or a text such as
-``"0.5 seconds"`` or ``"200 ms"``: at most one micro-batch starts per interval (a batch starts as
-soon as changes are there and the interval since the last one has passed; one that a limit
-cut short is followed at once by the next). Batches adapt to
-the load by themselves: while one is applied the next one's changes gather, so a batch that
-takes long is followed by a larger one. While at most ``inline_max_changes`` changes wait, the
-next batch holds them all and the driver applies it itself, its targets kept open between
-batches; a larger backlog goes in batches of up to ``max_changes_per_batch`` to Spark jobs,
-one task per table on the executors.
+``interval`` is a number of seconds or a text such as ``"0.5 seconds"`` or ``"200 ms"``: at
+most one micro-batch starts per interval (a batch starts as soon as changes are there and
+the interval since the last one has passed; one that a limit cut short is followed at once
+by the next). Batches adapt to the load by themselves: while one is applied the next one's
+changes gather, so a batch that takes long is followed by a larger one. While at most
+``inline_max_changes`` changes wait, the next batch holds them all and the driver applies it
+itself, in ``apply_processes`` processes (each table pinned to one, which keeps its targets
+open between batches); a larger backlog goes in batches of up to ``max_changes_per_batch``
+to Spark jobs, one task per table on the executors.
 
-``read_cache``: the bytes of the targets' files' columns each process (the driver; each
-Spark Python worker) keeps decoded between batches, so that the rows a batch replaces are
-read back from memory: the unchanged TOAST values of an update, the versions a history
-closes. A file whose columns take more than a quarter of it is decoded again each time.
+``read_cache``: the bytes of the targets' files' columns each process (each of the driver's
+apply processes; each Spark Python worker) keeps decoded between batches, so that the rows a
+batch replaces are read back from memory: the unchanged TOAST values of an update, the
+versions a history closes. A file whose columns take more than a quarter of it is decoded
+again each time.
 
 ``on_error``: what happens when a table's targets cannot take a change (a type change the
 target cannot follow, a value out of range, a storage error that repeats). ``stop`` (the
@@ -162,9 +164,14 @@ class PipelineConfig:
     #: bounds in size.
     max_bytes_per_batch: int = 64 * 1024**2
     #: While at most this many changes wait, the next batch (all of them) is applied by the
-    #: driver itself (threads, the targets kept open), not by a Spark job, whose tasks open
-    #: every target anew (`pgcdc.pipeline._batch.batch_bounds`). 0: every batch is a job.
+    #: driver itself (its apply processes, the targets kept open), not by a Spark job, whose
+    #: tasks open every target anew (`pgcdc.pipeline._batch.batch_bounds`). 0: every batch is a
+    #: job.
     inline_max_changes: int = 100_000
+    #: The processes that apply the driver's batches, each table pinned to one of them, which
+    #: keeps its targets open (`pgcdc.pipeline._appliers`); 0: threads of the driver's own
+    #: process do (they share its interpreter with the replication session).
+    apply_processes: int = 2
     #: Seconds between standby status updates when nothing else makes one due.
     status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
@@ -259,6 +266,7 @@ KEYS = {
         "max_changes_per_batch",
         "max_bytes_per_batch",
         "inline_max_changes",
+        "apply_processes",
     ),
     "metrics": ("port", "host"),
     "spark": ("master", "remote", "conf"),
@@ -545,6 +553,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         inline_max_changes=_count(
             trigger.get("inline_max_changes", 100_000), "trigger.inline_max_changes"
         ),
+        apply_processes=_count(trigger.get("apply_processes", 2), "trigger.apply_processes"),
         status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,
         on_detach=on_detach,

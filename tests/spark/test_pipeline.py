@@ -108,6 +108,7 @@ def test_mirrors_and_histories_follow_the_source(
     )
     config["source"]["streaming"] = "on"
     config["target"]["read_cache"] = "96MB"
+    config["trigger"]["apply_processes"] = 2
     saved: list[tuple[threading.Thread, Lsn]] = []  # the slot's record, by whom
     save = SlotLineage._save
 

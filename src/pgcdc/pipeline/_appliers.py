@@ -2,10 +2,15 @@
 table pinned to one of them, which keeps that table's targets open between batches (their
 Delta logs read on from where they were, their key indexes and decoded columns kept).
 
-Processes, not threads of the driver: the driver's interpreter also runs the replication
-session, and threads share it, so the apply and the session took turns for the one lock
-(at 10,000 changes/s with a history, the pipeline used 0.6 of 2 cores with batches running
-back to back). A process applies the tables pinned to it one after the other; a table is
+Processes (``[trigger] apply_processes = N``), not the default threads of the driver: the
+driver's interpreter also runs the replication session, and threads share it, so the apply
+and the session take turns for the one lock (at 10,000 changes/s with a history, the
+pipeline used 0.6 of 2 cores with batches running back to back). Measured on 2 cores
+shared with the source (`benchmarks/sustained.py --apply-processes`): that load became
+fresher (after the first 10 s, p99 1.06 against 1.31 s, one run each), but under
+``pgbench -c 4`` at full speed commit to visible got worse (p99 4.9-8.9 s in four runs
+against 2.5-3.2 s in three) while the pipeline's walsender kept up with the WAL: a delay on
+the driver's side not yet understood, so threads stay the default. A process applies the tables pinned to it one after the other; a table is
 pinned on its first batch to the process with the least apply time so far, and stays there
 for the run (its targets, their key indexes and decoded columns, are open there).
 

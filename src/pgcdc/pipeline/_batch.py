@@ -1,6 +1,7 @@
 """A batch of spooled transactions applied to every target: one `TableWork` per table with
-changes (its column types resolved on the driver), run by the driver's apply processes
-(`pgcdc.pipeline._appliers`) unless a large backlog waits (then by a Spark job); a table
+changes (its column types resolved on the driver), run by the driver itself (its threads, or
+its apply processes: `pgcdc.pipeline._appliers`) unless a large backlog waits (then by a
+Spark job); a table
 whose changes fail under ``on_error = "quarantine"`` is set aside; the batch's line goes to
 the batch log and the metrics.
 """
@@ -40,14 +41,14 @@ def batch_bounds(
     """The most changes the next batch may hold, given the changes waiting (`pending`), and
     whether the driver applies it (else a Spark job).
 
-    The driver's apply processes keep their targets open between batches, a Spark job's
-    tasks open theirs anew in each worker (the first job of a run starts the workers too). So
-    whatever waits, up to ``inline_max_changes``, is one batch the driver applies: under a
-    live load a slow batch is followed by a larger one, cheaper per change, and still the
-    driver's. A larger backlog (a run starting behind, a burst) goes to Spark jobs, in
-    batches up to ``max_changes_per_batch``, one task per table on as many cores as Spark
-    has (with ``apply_processes = 0`` the driver's threads would share one interpreter with
-    the replication thread, busy receiving the backlog)."""
+    The driver keeps its targets open between batches (in its threads or its apply
+    processes), a Spark job's tasks open theirs anew in each worker (the first job of a run
+    starts the workers too). So whatever waits, up to ``inline_max_changes``, is one batch
+    the driver applies: under a live load a slow batch is followed by a larger one, cheaper
+    per change, and still the driver's. A larger backlog (a run starting behind, a burst)
+    goes to Spark jobs, in batches up to ``max_changes_per_batch``: their tasks run in
+    processes of their own, on as many cores as Spark has, while the driver's threads share
+    one interpreter with the replication thread, busy receiving the backlog."""
     if pending > inline_max_changes or not inline_max_changes:
         return max_changes, False
     limit = inline_max_changes if max_changes is None else min(max_changes, inline_max_changes)
@@ -179,10 +180,11 @@ class BatchApplier:
         return works
 
     def run_tasks(self, works: list[TableWork], by_driver: bool) -> tuple[list[TableOutcome], str]:
-        """The batch's tables applied: by the driver's apply processes (`batch_bounds` says
-        when), else by a Spark job; and which ("inline", "job"). Tasks that do not run on
-        this machine (a cluster's, a Spark Connect server's) get the tables' changes read
-        from the spool into their work: only the driver can read it."""
+        """The batch's tables applied: by the driver itself (`batch_bounds` says when; its
+        apply processes, else its threads), else by a Spark job; and which ("inline",
+        "job"). Tasks that do not run on this machine (a cluster's, a Spark Connect
+        server's) get the tables' changes read from the spool into their work: only the
+        driver can read it."""
         if not works:
             return [], "inline"
         if by_driver:  # its targets are maintained between batches (`maintain_between`)

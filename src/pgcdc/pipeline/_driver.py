@@ -2,12 +2,12 @@
 
 The driver keeps the replication session (`Spooler`: committed transactions into the
 spool, nothing decoded) and plans micro-batches of whole transactions; each batch is one
-Spark job (a small batch: the driver's apply processes) whose tasks read their tables' changes from
-the spool (on a cluster, or through Spark Connect: get them with their work), build the
-envelope a column at a time and apply every configured table to its targets in parallel
-(`pgcdc.pipeline._work`). Every target commits its
-data together with the batch's highest commit LSN, so a batch replayed after a crash changes
-nothing. Only when every table of a batch is applied does the slot move past it (the
+Spark job (a small batch: the driver's threads or apply processes, `_appliers`) whose
+tasks read their tables' changes from the spool (on a cluster, or through Spark Connect:
+get them with their work), build the envelope a column at a time and apply every
+configured table to its targets in parallel (`pgcdc.pipeline._work`). Every target commits
+its data together with the batch's highest commit LSN, so a batch replayed after a crash
+changes nothing. Only when every table of a batch is applied does the slot move past it (the
 replication client's `Acknowledgement`); a crash anywhere loses nothing: the slot sends the
 rest again and the targets skip what they hold. No Spark checkpoint is needed: the targets'
 watermarks are the record of what is done.

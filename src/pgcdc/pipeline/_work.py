@@ -132,8 +132,8 @@ def apply_tables(works: Iterable[TableWork]) -> list[TableOutcome]:
 
 
 #: The targets this process applies to, kept open between batches (a Spark Python worker
-#: runs many tasks; an apply process of the driver's, `pgcdc.pipeline._appliers`, applies
-#: its tables' part of every small batch): their tables' logs are read
+#: runs many tasks; the driver, or an apply process of its (`pgcdc.pipeline._appliers`),
+#: applies its tables' part of every small batch): their tables' logs are read
 #: from where they were, not anew. By (path, mode, app id).
 _OPEN: dict[tuple[str, str, str], Target] = {}
 

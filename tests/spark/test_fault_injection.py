@@ -1123,7 +1123,8 @@ def _scenario(
     config = pipeline_config(source.db, SLOT, PUBLICATION, lake, TABLES, max_changes_per_batch=1500)
     config["source"].update(conninfo=dsn, create_slot=True, failover=s.failover)
     config["snapshot"] = {"chunk_blocks": s.chunk_blocks}
-    config["trigger"]["apply_processes"] = _APPLY_PROCESSES
+    if _APPLY_PROCESSES is not None:
+        config["trigger"]["apply_processes"] = int(_APPLY_PROCESSES)
     continuous = json.loads(json.dumps(config))
     continuous["trigger"]["available_now"] = False
     continuous["trigger"]["interval"] = "0.3 seconds"
@@ -1390,8 +1391,9 @@ DEFAULT = [
 #: publication changes.
 _DDL = float(os.environ.get("PGCDC_FAULT_DDL", "1.2"))
 _PUB = float(os.environ.get("PGCDC_FAULT_PUB", "0.5"))
-#: PGCDC_FAULT_APPLY_PROCESSES=2: the driver's batches applied by apply processes.
-_APPLY_PROCESSES = int(os.environ.get("PGCDC_FAULT_APPLY_PROCESSES", "0"))
+#: PGCDC_FAULT_APPLY_PROCESSES=0: the driver's batches applied by its threads (default: the
+#: pipeline's default).
+_APPLY_PROCESSES = os.environ.get("PGCDC_FAULT_APPLY_PROCESSES")
 SLOW = [
     pytest.param(
         Scenario(seed=seed, kills=10, restart=True, budget=220, ddl=ddl, publication=pub),

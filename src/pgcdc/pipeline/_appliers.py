@@ -2,16 +2,23 @@
 table pinned to one of them, which keeps that table's targets open between batches (their
 Delta logs read on from where they were, their key indexes and decoded columns kept).
 
-Processes (``[trigger] apply_processes = N``), not the default threads of the driver: the
-driver's interpreter also runs the replication session, and threads share it, so the apply
+Processes (``[trigger] apply_processes``, 2 by default; 0: threads of the driver), because
+the driver's interpreter also runs the replication session, and threads share it: the apply
 and the session take turns for the one lock (at 10,000 changes/s with a history, the
-pipeline used 0.6 of 2 cores with batches running back to back). Measured on 2 cores
-shared with the source (`benchmarks/sustained.py --apply-processes`): that load became
-fresher (after the first 10 s, p99 1.06 against 1.31 s, one run each), but under
-``pgbench -c 4`` at full speed commit to visible got worse (p99 4.9-8.9 s in four runs
-against 2.5-3.2 s in three) while the pipeline's walsender kept up with the WAL: a delay on
-the driver's side not yet understood, so threads stay the default. A process applies the tables pinned to it one after the other; a table is
-pinned on its first batch to the process with the least apply time so far, and stays there
+pipeline used 0.6 of 2 cores with batches running back to back). Each process starts in a
+session of its own (``setsid``), so that Linux's autogroup scheduling gives the processes a
+share of their own rather than a part of the driver's: sharing it, they starved the
+replication thread whenever the machine was busy. Measured on 2 cores shared with the source
+(`benchmarks/sustained.py --apply-processes`), commit to visible under ``pgbench -c 4`` at
+full speed, p99: threads 2.5-3.2 s (three runs); processes in the driver's session 4.9-8.9 s
+(four runs) while the pipeline's walsender kept up with the WAL (its ``sent_lsn``), so the
+delay was the driver's; processes in sessions of their own 1.14 and 2.39 s (p50 0.54 and
+0.59 s against about 1.0 s). At 10,000 changes/s with mirrors and histories, after the
+first 10 s: p99 1.31 s (threads), 1.06 s (processes in the driver's session) and 1.19 s
+(in their own), one run each.
+
+A process applies the tables pinned to it one after the other; a table is pinned on its
+first batch to the process with the least apply time so far, and stays there
 for the run (its targets, their key indexes and decoded columns, are open there).
 
 Starting a process costs about a second of CPU (its imports), so a pool outlives the run
@@ -28,11 +35,12 @@ answers the driver's commands on a socket, in order:
 * ``("forget", None)`` -> ``("ok", None)``: its open targets and decoded columns dropped;
 * any error outside a table's own (they are in its outcome) -> ``("error", line)``.
 
-It ignores SIGINT: Ctrl-C reaches the whole process group, and the driver decides (the
-first one finishes the batch in progress). It ends when the driver closes its socket, after
-the command in progress, and at once when the driver's process ends (a pipe only the driver
-holds the writing end of reaches its end): no process of a killed driver writes on to its
-targets.
+Being in a session of its own, it gets neither the terminal's Ctrl-C nor a signal to the
+driver's process group (and ignores SIGINT besides): the driver decides (the first Ctrl-C
+finishes the batch in progress). It ends when the driver closes its socket, after the
+command in progress, and at once when the driver's process ends however it ends (a pipe only
+the driver holds the writing end of reaches its end; a thread waits on it): no process of a
+killed driver writes on to its targets.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ class _Applier:
                 stdout=2,  # (what it prints must not mix with the driver's view)
                 pass_fds=(theirs.fileno(), alive),
                 env=env,
+                start_new_session=True,  # (see the module: a scheduling group of its own)
             )
         except OSError as exc:
             ours.close()

@@ -36,7 +36,7 @@ interval = "0.5 seconds"           # between micro-batches when continuous
 max_changes_per_batch = 1000000
 max_bytes_per_batch = "64MB"       # of spooled changes (on a cluster: inside Spark's tasks)
 inline_max_changes = 100000        # a backlog this small: the driver applies it, not Spark
-apply_processes = 0                # the driver's apply processes (0: threads of the driver)
+apply_processes = 2                # the driver's apply processes (0: threads of the driver)
 
 [spark]                            # where the work runs; default: local[*] in this process
 master = "local[*]"                # or "spark://host:7077", "yarn", "k8s://https://host:6443"
@@ -79,8 +79,8 @@ the interval since the last one has passed; one that a limit cut short is follow
 by the next). Batches adapt to the load by themselves: while one is applied the next one's
 changes gather, so a batch that takes long is followed by a larger one. While at most
 ``inline_max_changes`` changes wait, the next batch holds them all and the driver applies it
-itself, its targets kept open between batches: in threads of its own (the default), or in
-``apply_processes`` processes of its own, each table pinned to one; a larger backlog goes in
+itself, its targets kept open between batches: in ``apply_processes`` processes of its own
+(2; each table pinned to one), or with 0 in threads of its own; a larger backlog goes in
 batches of up to ``max_changes_per_batch`` to Spark jobs, one task per table on the
 executors.
 
@@ -171,9 +171,8 @@ class PipelineConfig:
     inline_max_changes: int = 100_000
     #: The processes that apply the driver's batches, each table pinned to one of them, which
     #: keeps its targets open (`pgcdc.pipeline._appliers`); 0: threads of the driver's own
-    #: process do (they share its interpreter with the replication session): the default,
-    #: see ``[trigger] apply_processes`` in the README for what was measured.
-    apply_processes: int = 0
+    #: process do (they share its interpreter with the replication session).
+    apply_processes: int = 2
     #: Seconds between standby status updates when nothing else makes one due.
     status_interval: float = 10.0
     #: Per table: "stop" or "quarantine" (see the module docstring).
@@ -555,7 +554,7 @@ def parse_config(data: dict[str, Any], base: Path = Path()) -> PipelineConfig:
         inline_max_changes=_count(
             trigger.get("inline_max_changes", 100_000), "trigger.inline_max_changes"
         ),
-        apply_processes=_count(trigger.get("apply_processes", 0), "trigger.apply_processes"),
+        apply_processes=_count(trigger.get("apply_processes", 2), "trigger.apply_processes"),
         status_interval=parse_interval(source.get("status_interval", 10), "source.status_interval"),
         on_error=on_error,
         on_detach=on_detach,

@@ -161,11 +161,12 @@ def test_a_run_gives_its_pool_back_for_the_next_run_of_the_process(
         assert again.maintain() is False
         other = ApplierPool.lease(3)  # another number: a pool of its own
         assert other is not first and other.processes == 3
-        other.close()
-        again.give_back()
+        other.give_back()
+        again.give_back()  # at most one waits: the other one is closed
+        assert other.processes == 0
         monkeypatch.setenv("PGCDC_TEST_APPLIERS", "changed")
         changed = ApplierPool.lease(2)  # not the environment the processes have
-        assert changed is not first
+        assert changed is not first and first.processes == 0  # closed, not left waiting
         changed.close()
     finally:
         first.close()

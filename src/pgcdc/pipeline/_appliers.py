@@ -22,10 +22,11 @@ first batch to the process with the least apply time so far, and stays there
 for the run (its targets, their key indexes and decoded columns, are open there).
 
 Starting a process costs about a second of CPU (its imports), so a pool outlives the run
-that started it: `ApplierPool.lease` gives a run the pool an earlier run of this process gave
+that started it: `ApplierPool.lease` gives a run the pool the last run of this process gave
 back (`give_back`: its processes forget their targets and decoded columns first), when it has
 as many processes and the environment is the same (they got it when they started); otherwise
-a new one. The pools given back are closed when this process exits.
+that pool is closed and a new one started. At most one pool waits so (a pool given back
+closes the one waiting), and it is closed when this process exits.
 
 A process runs `serve` (``python -c``, so that it imports only what applying needs) and
 answers the driver's commands on a socket, in order:
@@ -69,7 +70,8 @@ log = logging.getLogger(__name__)
 #: Seconds `close` waits for a process to finish its command before killing it.
 CLOSE_WAIT = 30.0
 
-#: The pools runs of this process gave back, for the next runs (`ApplierPool.lease`).
+#: The pool the last run of this process gave back, for the next run (`ApplierPool.lease`):
+#: at most one.
 _GIVEN_BACK: list[ApplierPool] = []
 _GIVEN_BACK_LOCK = threading.Lock()
 
@@ -166,10 +168,12 @@ class ApplierPool:
         """A pool of `processes` for one run (see the module): one given back by an earlier
         run of this process, or a new one. `give_back` when the run ends."""
         with _GIVEN_BACK_LOCK:
-            for pool in _GIVEN_BACK:
-                if pool.processes == max(1, processes) and pool.environment == os.environ:
-                    _GIVEN_BACK.remove(pool)
-                    return pool
+            waiting = list(_GIVEN_BACK)
+            _GIVEN_BACK.clear()
+        for pool in waiting:
+            if pool.processes == max(1, processes) and pool.environment == os.environ:
+                return pool
+            pool.close(wait=5.0)
         return cls(processes)
 
     def give_back(self) -> None:
@@ -190,7 +194,10 @@ class ApplierPool:
         for applier in self._appliers:
             applier.seconds = 0.0
         with _GIVEN_BACK_LOCK:
-            _GIVEN_BACK.append(self)
+            waiting = list(_GIVEN_BACK)
+            _GIVEN_BACK[:] = [self]
+        for pool in waiting:
+            pool.close(wait=5.0)
 
     @property
     def processes(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from replication.helpers import (
     run_cli,
     server_version_num,
     unique,
+    wait_for,
 )
 
 pytestmark = pytest.mark.server
@@ -122,6 +124,67 @@ def test_streamed_transaction_many_times_the_budget(pg: Database, tmp_path: Path
     assert pool.spilled_bytes > 10 * pool_limit
     assert pool.peak_memory_bytes <= pool_limit + 4096
     assert list(tmp_path.iterdir()) == []
+
+
+class ColumnCounts(Rows):
+    """Records (first column, columns of its Relation, columns of its row); at the row with
+    id `cut`, ends the walsender and commits `after` once it is gone (the runner reconnects
+    and the server sends again everything the slot was not confirmed past)."""
+
+    db: Database
+    slot: str
+    cut = 3
+    after = ""
+
+    def change(self, ctx, txn, relation, change):
+        row = change.new if change.new is not None else change.old
+        self.events.append((int(row.values[0]), len(relation.columns), len(row.values)))
+        if int(row.values[0]) == self.cut and self.after:
+            query = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+            self.db.execute(f"SELECT pg_terminate_backend(({query}))", (self.slot,))
+            wait_for(
+                lambda: self.db.execute(query, (self.slot,))[0][0] is None,
+                timeout=30,
+                what="the walsender to end",
+            )
+            self.db.execute(self.after)
+            type(self).after = ""
+
+
+def test_relations_sent_in_transactions_delivered_before_a_reconnect(pg: Database) -> None:
+    """After a reconnect the server sends again what the slot was not confirmed past, and
+    the runner drops the transactions it already delivered. Their Relation messages count:
+    the server described the table there and does not again, so a change after them is bound
+    to what they said. Here a streamed transaction (it passes whole, its Relation message
+    still describing two columns) comes first, then one that adds a column: the insert
+    committed after the reconnect has three columns, described by that second one."""
+    slot = setup(pg)
+    pg.execute(
+        "BEGIN; INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1000, 3000) g;"
+        "COMMIT"
+    )
+    pg.execute("BEGIN; ALTER TABLE t ADD COLUMN n int; INSERT INTO t VALUES (1, 'a', 1); COMMIT")
+    pg.execute("INSERT INTO t VALUES (2, 'b', 2)")
+    pg.execute("INSERT INTO t VALUES (3, 'c', 3)")
+    ColumnCounts.db, ColumnCounts.slot = pg, slot
+    ColumnCounts.after = "INSERT INTO t VALUES (4, 'd', 4)"
+    options = StreamOptions(("pub",), settings={"logical_decoding_work_mem": "64kB"})
+    runner = PluginRunner(pg.dsn, slot, ColumnCounts, options, streaming="on", auto_confirm=False)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(
+            lambda: any(e[0] == 4 for e in getattr(runner.plugin, "events", ())),
+            timeout=60,
+            what="the insert committed after the reconnect",
+        )
+    finally:
+        runner.stop()
+        thread.join(30)
+    changes = [e for e in runner.plugin.events if isinstance(e[0], int)]
+    assert [e for e in changes if e[1] != e[2]] == [], "a change bound to another description"
+    assert [e[0] for e in changes if e[0] < 1000] == [1, 2, 3, 4]
+    assert runner.assembler is not None and runner.assembler.stats.streamed_buffered >= 1
 
 
 def test_two_phase_with_filter_prepare(pg: Database) -> None:

@@ -9,16 +9,19 @@ from pgcdc.errors import UnexpectedMessage
 from pgcdc.protocol import (
     Begin,
     BeginPrepare,
+    Column,
     Commit,
     Insert,
     Lsn,
     Message,
     Prepare,
+    Relation,
     StreamAbort,
     StreamCommit,
     StreamStart,
     StreamStop,
     TupleData,
+    Type,
 )
 from pgcdc.replication import Acknowledgement, Phase
 
@@ -185,3 +188,26 @@ def test_after_a_reconnect_handled_transactions_are_already_delivered() -> None:
     assert acks.already_delivered(BeginPrepare(Lsn(300), Lsn(310), 0, 6, "other"))
     assert acks.already_delivered(StreamCommit(9, Lsn(205), Lsn(206), 0))
     assert not acks.already_delivered(StreamCommit(9, Lsn(405), Lsn(406), 0))
+
+
+def test_a_transaction_already_delivered_leaves_its_relation_and_type_messages() -> None:
+    """The server describes a table once per session: the description it sent inside a
+    transaction the client drops is the one the next changes are bound to."""
+    acks = Acknowledgement(start=Lsn(100))
+    txn(acks, 200, 210)
+    acks.handled_upto(Lsn(210))
+    acks.session_started()
+    described = Relation(1, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "n", 23, -1)))
+    typed = Type(16500, "public", "mood")
+    resent = [
+        Begin(Lsn(200), 0, 1),
+        typed,
+        described,
+        Insert(1, ROW),
+        Commit(Lsn(200), Lsn(210), 0),
+        Begin(Lsn(300), 0, 2),
+        Insert(1, ROW),
+        Commit(Lsn(300), Lsn(310), 0),
+    ]
+    passed = [m for _, m in acks.skip_delivered((None, m) for m in resent)]
+    assert passed == [typed, described, *resent[5:]]

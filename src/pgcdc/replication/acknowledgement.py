@@ -332,11 +332,18 @@ class Acknowledgement:
     ) -> Iterator[tuple[F, PgoutputMessage]]:
         """`(frame, message)` pairs minus the transactions and prepared transactions'
         outcomes that were `already_delivered`. Streamed transactions pass whole: whoever
-        assembles them drops one already delivered at its Stream Commit."""
+        assembles them drops one already delivered at its Stream Commit.
+
+        The Relation and Type messages of a dropped transaction pass (they then come between
+        transactions): the server describes a table once per session, before its first
+        change, so a change after them is bound to what they said. Without them, it would be
+        bound to an older description (a streamed transaction's, or the last session's)."""
         skipping = False
         for item in items:
             kind = type(item[1])
             if skipping:
+                if kind is Relation or kind is Type:
+                    yield item
                 skipping = kind is not Commit and kind is not Prepare
                 continue
             if kind in _BOUNDARIES and self.already_delivered(item[1]):

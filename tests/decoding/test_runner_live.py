@@ -160,8 +160,7 @@ def test_relations_sent_in_transactions_delivered_before_a_reconnect(pg: Databas
     committed after the reconnect has three columns, described by that second one."""
     slot = setup(pg)
     pg.execute(
-        "BEGIN; INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1000, 3000) g;"
-        "COMMIT"
+        "BEGIN; INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1000, 3000) g;COMMIT"
     )
     pg.execute("BEGIN; ALTER TABLE t ADD COLUMN n int; INSERT INTO t VALUES (1, 'a', 1); COMMIT")
     pg.execute("INSERT INTO t VALUES (2, 'b', 2)")

@@ -220,7 +220,7 @@ def test_messages_transactional_and_not() -> None:
         ("message", 8, True, "p", b"in txn"),
         ("commit", 8, 60),
     ]
-    assert acks[0] == L(50)
+    assert acks[0] == L(51), "handled: everything before the byte after its start"
 
 
 def test_filter_by_origin_skips_the_whole_transaction_but_confirms_it() -> None:

@@ -186,6 +186,61 @@ def test_relations_sent_in_transactions_delivered_before_a_reconnect(pg: Databas
     assert runner.assembler is not None and runner.assembler.stats.streamed_buffered >= 1
 
 
+class CountsAndMessages(ColumnCounts):
+    def message(self, ctx, txn, lsn, transactional, prefix, content):
+        self.events.append(("message", transactional, content.decode()))
+
+
+def test_messages_outside_transactions_delivered_before_a_reconnect(pg: Database) -> None:
+    """A logical decoding message outside any transaction, handed over before a reconnect,
+    is not handed over again when the server sends it again."""
+    slot = setup(pg)
+    pg.execute("INSERT INTO t VALUES (1, 'a')")
+    pg.execute("SELECT pg_logical_emit_message(false, 'p', 'once')")
+    pg.execute("SELECT pg_logical_emit_message(true, 'p', 'in a transaction')")
+    pg.execute("INSERT INTO t VALUES (2, 'b')")
+    pg.execute("SELECT pg_logical_emit_message(false, 'p', 'right before the cut')")
+    pg.execute("INSERT INTO t VALUES (3, 'c')")
+    CountsAndMessages.db, CountsAndMessages.slot = pg, slot
+    CountsAndMessages.after = "SELECT pg_logical_emit_message(false, 'p', 'after')"
+    options = StreamOptions(("pub",), messages=True)
+    runner = PluginRunner(pg.dsn, slot, CountsAndMessages, options, auto_confirm=False)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(
+            lambda: ("message", False, "after") in getattr(runner.plugin, "events", ()),
+            timeout=60,
+            what="the message sent after the reconnect",
+        )
+    finally:
+        runner.stop()
+        thread.join(30)
+    seen = [e[2] if e[0] == "message" else e[0] for e in runner.plugin.events if e[0] != "begin"]
+    seen = [e for e in seen if e != "commit"]
+    assert seen == [1, "once", "in a transaction", 2, "right before the cut", 3, "after"]
+
+
+def test_a_message_outside_transactions_is_confirmed_past(pg: Database) -> None:
+    """The slot is confirmed past a message outside any transaction once handled: the next
+    run does not get it again (confirmed at its start, the server would send it again)."""
+    slot = setup(pg)
+    pg.execute("INSERT INTO t VALUES (1, 'a')")
+    lsn = Lsn.parse(pg.execute("SELECT pg_logical_emit_message(false, 'p', 'once')::text")[0][0])
+    pg.execute("SELECT pg_logical_emit_message(false, 'p', 'last')")
+    pg.execute("INSERT INTO t VALUES (2, 'b')")  # (a commit flushes the WAL before it)
+    options = StreamOptions(("pub",), messages=True)
+    events, _ = run(pg, slot, CountsAndMessages, stream_options=options)
+    assert [e for e in events if e[0] == "message"] == [
+        ("message", False, "once"),
+        ("message", False, "last"),
+    ]
+    assert confirmed_flush(pg, slot) > lsn
+    pg.execute("INSERT INTO t VALUES (3, 'c')")
+    events, _ = run(pg, slot, CountsAndMessages, stream_options=options)
+    assert [e for e in events if e[0] not in ("begin", "commit")] == [(3, 2, 2)]
+
+
 def test_two_phase_with_filter_prepare(pg: Database) -> None:
     if server_version_num(pg) < 150000:
         pytest.skip("two-phase decoding through pgoutput needs PostgreSQL 15")

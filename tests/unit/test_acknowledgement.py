@@ -122,6 +122,8 @@ def test_prepared_transaction_and_nontransactional_message() -> None:
     tracker.confirm(Lsn(210))
     assert tracker.flush_lsn == 210, "the message at 220 is not confirmed yet"
     tracker.confirm(Lsn(220))
+    assert tracker.flush_lsn == 220, "the message starts at 220: it ends after"
+    tracker.confirm(Lsn(221))
     assert tracker.flush_lsn == 230
 
 
@@ -211,3 +213,24 @@ def test_a_transaction_already_delivered_leaves_its_relation_and_type_messages()
     ]
     passed = [m for _, m in acks.skip_delivered((None, m) for m in resent)]
     assert passed == [typed, described, *resent[5:]]
+
+
+def test_a_message_outside_transactions_already_delivered() -> None:
+    """Handled, a message outside any transaction is not handed over again; one that starts
+    where the transaction handled last ends is another."""
+    acks = Acknowledgement(start=Lsn(100))
+    txn(acks, 200, 210)
+    acks.handled_upto(Lsn(210))
+    message = Message(0, Lsn(220), "p", b"x")
+    end = acks.on_message(message, Lsn(220))
+    assert end == 221
+    acks.handled_upto(end)
+    acks.session_started()
+    assert acks.already_delivered(message)
+    assert not acks.already_delivered(Message(0, Lsn(221), "p", b"next"))
+    fresh = Acknowledgement(start=Lsn(100))
+    txn(fresh, 200, 210)
+    fresh.handled_upto(Lsn(210))
+    fresh.session_started()
+    assert not fresh.already_delivered(Message(0, Lsn(210), "p", b"right after the commit"))
+    assert fresh.already_delivered(Message(0, Lsn(150), "p", b"before it"))

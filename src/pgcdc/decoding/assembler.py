@@ -61,7 +61,7 @@ from pgcdc.protocol import (
     Update,
 )
 from pgcdc.protocol.messages import fast_constructor
-from pgcdc.replication.acknowledgement import Acknowledgement
+from pgcdc.replication.acknowledgement import Acknowledgement, end_lsn_of
 
 __all__ = ["Fate", "TransactionAssembler"]
 
@@ -426,7 +426,8 @@ class TransactionAssembler:
                 self.plugin.message(
                     self.ctx, None, message.lsn, False, message.prefix, message.content
                 )
-            return self._done(message.lsn) if self._idle else None
+            end = end_lsn_of(message)
+            return self._done(end) if self._idle and end is not None else None
         self._entry(_MESSAGE, message, message.xid, 64 + len(message.content))
         return None
 

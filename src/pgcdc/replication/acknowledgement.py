@@ -55,7 +55,9 @@ from its start, once it has committed.
 
 After a reconnect the server sends everything after the slot's position again;
 `already_delivered` tells which of those transactions the consumer had already handled in
-this process (by their commit or prepare LSN against ``resume``), so that it sees each once.
+this process (by their commit or prepare LSN against ``resume``; a message outside any
+transaction by its own), so that it sees each once. The Relation and Type messages of those
+it drops still pass: the server does not describe those tables again in the session.
 """
 
 from __future__ import annotations
@@ -135,7 +137,11 @@ def _stream_abort_end(message: StreamAbort) -> Lsn | None:
 
 
 def _message_end(message: Message) -> Lsn | None:
-    return None if message.transactional else message.lsn
+    """A message outside any transaction is a unit of its own: handled, everything before the
+    byte after its start is. (Its own LSN would not do: the server sends again a message at
+    the position it restarts from, and a transaction may end exactly where the message
+    starts.)"""
+    return None if message.transactional else Lsn(message.lsn + 1)
 
 
 #: Per message type: the position to acknowledge once its transaction is durably handled.
@@ -153,8 +159,8 @@ _END_LSN: dict[type, Callable[[Any], Lsn | None]] = {
 
 def end_lsn_of(message: PgoutputMessage) -> Lsn | None:
     """The position to acknowledge once `message`'s transaction is durably handled, if any:
-    the end of a transaction, of a prepared one's outcome, of a top-level stream abort, or a
-    non-transactional message's own."""
+    the end of a transaction, of a prepared one's outcome, of a top-level stream abort, or
+    the byte after a non-transactional message's start."""
     end = _END_LSN.get(type(message))
     return None if end is None else end(message)
 
@@ -325,6 +331,8 @@ class Acknowledgement:
             return message.end_lsn <= resume  # type: ignore[attr-defined]
         if kind is RollbackPrepared:
             return message.rollback_end_lsn <= resume  # type: ignore[attr-defined]
+        if kind is Message and not message.transactional:  # type: ignore[attr-defined]
+            return message.lsn < resume  # type: ignore[attr-defined]
         return False
 
     def skip_delivered(
@@ -352,4 +360,4 @@ class Acknowledgement:
             yield item
 
 
-_BOUNDARIES = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared})
+_BOUNDARIES = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, Message})

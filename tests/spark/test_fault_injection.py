@@ -97,6 +97,12 @@ class Column:
         return not self.identity and (self.type == base.type or {self.type, base.type} <= INTEGERS)
 
 
+#: A run may stop when the server goes away under it (a copy cannot go on, a failover's
+#: window without a primary), never for these: a defect of the pipeline's (a spooled change
+#: that does not match its description, a position that goes back).
+INTERNAL_ERRORS = ("SpoolError", "Traceback", "AssertionError", "positions must increase")
+
+
 # ----------------------------------------------------------------------------- workload
 
 
@@ -113,8 +119,10 @@ class Workload:
     name; a column dropped and one of the same name added, in one transaction or two; a
     column dropped and another renamed to its name), and changes of the publication (a
     table dropped from it and added back within a second, or seconds later; a table's entry
-    replaced in one transaction; SET TABLE with the same tables). A server crash (or a
-    failover) in the middle is survived: the thread reconnects and goes on."""
+    replaced in one transaction; SET TABLE with the same tables), and logical decoding
+    messages (in a transaction or outside any: the spool keeps them, no target takes them).
+    A server crash (or a failover) in the middle is survived: the thread reconnects and goes
+    on."""
 
     def __init__(
         self,
@@ -501,12 +509,23 @@ class Workload:
             self.resolve(cur, r.choice(self.pending), r.random() < 0.7)
             return
         kind = r.choices(
-            ["small", "big", "savepoint", "abort", "prepared", "truncate", "ddl", "publication"],
-            [70, 4, 8, 4, 8, 1.2, self.ddl, self.publication],
+            [
+                *("small", "big", "savepoint", "abort", "prepared", "truncate", "ddl"),
+                *("publication", "message"),
+            ],
+            [70, 4, 8, 4, 8, 1.2, self.ddl, self.publication, 2],
         )[0]
         self.counts[kind] += 1
         if kind == "publication":
             self._publication(conn)
+            return
+        if kind == "message":  # in a transaction of its own or outside any (no target's)
+            transactional = r.random() < 0.5
+            self.counts[f"message_{'in' if transactional else 'outside'}"] += 1
+            cur.execute(
+                "SELECT pg_logical_emit_message(%s, 'pgcdc-fault', %s)",
+                (transactional, f"step {sum(self.counts.values())}"),
+            )
             return
         if kind in ("truncate", "ddl"):
             self.resolve_all(cur)  # a prepared transaction's locks would block it
@@ -1231,6 +1250,11 @@ def _scenario(
             else:  # not a loss: the next run resumes; but say so
                 error = stopped or [ln for ln in run.lines() if "rror" in ln][-1:]
                 note(f"run {number}: exited {code} after the server went away: {error}")
+                if any(mark in line for line in error for mark in INTERNAL_ERRORS):
+                    outcome.unexpected.append(
+                        f"run {number} ({kind}) stopped after the server went away, but "
+                        f"not for its going away:\n{run.tail(25)}"
+                    )
             note(f"run {number}: last lines: {' | '.join(run.lines()[-3:])}")
             if number == failover_run and not failover_running:
                 _failover(source, outcome, note, rng)  # while the pipeline is down

@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeVar
 
 from pgcdc.errors import PgcdcError, PublicationNotFound
 from pgcdc.replication.slots import connect_sql
+from pgcdc.replication.sql_session import SqlSession
 from pgcdc.storage import FileIO
 
 __all__ = [
@@ -264,11 +265,11 @@ def inspect_tables(
     if since is not None:
         base = base.updated(since.seen)
     pubs = [p.strip() for p in publications if p.strip()]
-    now = TableBindings({})
-    events: list[TableEvent] = []
-    with connect_sql(conninfo) as conn:
-        for line in _check_publications(conn, pubs):
-            events.append(TableEvent("", "publish", line))
+    tables = list(tables)
+
+    def look(conn: Any) -> tuple[TableBindings, list[TableEvent]]:
+        now = TableBindings({})
+        events = [TableEvent("", "publish", line) for line in _check_publications(conn, pubs)]
         published = {r[0] for r in conn.execute(_PUBLISHED, (pubs,))}
         schemas = _SCHEMA_MEMBERSHIP if conn.info.server_version >= 150000 else ""
         membership_sql = _MEMBERSHIP.format(schema=schemas)
@@ -276,6 +277,14 @@ def inspect_tables(
             event = _inspect(conn, table, pubs, published, membership_sql, base, now)
             if event is not None:
                 events.append(event)
+        return now, events
+
+    if since is None:  # at the start: a server that is not there is said at once
+        with connect_sql(conninfo) as conn:
+            now, events = look(conn)
+    else:  # while running, a restart's or a failover's moment without one is waited out
+        with SqlSession(conninfo) as session:
+            now, events = session.run(look)
     seen = _Recorded(
         dict(now.oids),
         {t: set(leaves) for t, leaves in now.leaves.items()},  # (routing adds partitions)
@@ -365,9 +374,9 @@ def _inspect(
 def bind_partition(conninfo: str, bindings: TableBindings, relation_oid: int) -> str | None:
     """A relation the bindings do not know: a partition attached since the start is routed to
     its root's table; anything else is not the pipeline's (None)."""
-    with connect_sql(conninfo) as conn:
-        row = conn.execute(_ROOT, (relation_oid,)).fetchone()
-    root: Any = row[0] if row else None
+    with SqlSession(conninfo) as session:
+        rows = session.query(_ROOT, (relation_oid,))
+    root: Any = rows[0][0] if rows else None
     table = None if root is None else bindings.table_of(root)
     if table is not None:
         bindings.routes[relation_oid] = table

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "first_line",
     "CaptureError",
     "ColumnCountMismatch",
     "ConnectionFailed",
@@ -71,6 +72,11 @@ def hex_excerpt(data: bytes | bytearray | memoryview, offset: int) -> str:
     prefix = "… " if start > 0 else ""
     suffix = " …" if end < len(data) else ""
     return prefix + " ".join(parts) + suffix
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing): for one-line reports."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 class PgcdcError(Exception):

@@ -60,6 +60,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from pgcdc.errors import first_line
 from pgcdc.pipeline._dispatch import DispatchError
 from pgcdc.pipeline._work import TableOutcome, TableWork
 
@@ -326,7 +327,7 @@ def serve(fd: int, alive: int) -> None:
             else:
                 answer = ("error", f"unknown command {command!r}")
         except Exception as exc:
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            line = first_line(exc)
             log.debug("%s", line, exc_info=True)
             answer = ("error", f"{type(exc).__name__}: {line}")
         connection.send(answer)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA
-from pgcdc.errors import TargetError
+from pgcdc.errors import TargetError, first_line
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
 from pgcdc.spool._spool import SpoolRange, read_envelope
@@ -263,7 +263,7 @@ _DATA_FILE = re.compile(r"\S*\.parquet\b|\b(?:file|s3a?|abfss?|gs)://\S+")
 def apply_error_line(table: str, rows: pa.Table, exc: BaseException) -> str:
     """One line for a batch of `table` its targets could not take: the commit LSNs, the
     first change and its key, and the error's first line without data file names."""
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    reason = first_line(exc)
     reason = _DATA_FILE.sub("<data file>", reason)
     if not rows.num_rows:
         return f"{table}: {reason}"

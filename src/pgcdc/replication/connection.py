@@ -33,6 +33,7 @@ from pgcdc.errors import (
     SlotNotFound,
     StreamEnded,
     UnsupportedOption,
+    first_line,
 )
 from pgcdc.protocol import Lsn
 from pgcdc.replication.options import StreamOptions
@@ -138,7 +139,7 @@ def sql_error(
 ) -> ReplicationError:
     """The pgcdc error for a failed statement on an ordinary (psycopg) connection."""
     diag = exc.diag
-    primary = diag.message_primary or _first_line(exc)
+    primary = diag.message_primary or first_line(exc)
     sqlstate = exc.sqlstate or ""
     text = describe_error(doing, primary, diag.message_detail, diag.message_hint)
     return error_class(sqlstate, primary, default)(_one_line(text), sqlstate=sqlstate or None)
@@ -258,7 +259,7 @@ class ReplicationConnection:
                 if result.status in _COPY_STATES:
                     break
         except psycopg.OperationalError as exc:
-            raise ConnectionLost(f"{doing}: connection lost: {_first_line(exc)}") from None
+            raise ConnectionLost(f"{doing}: connection lost: {first_line(exc)}") from None
         if outcome is None:
             message = _one_line(pgconn.get_error_message()) or "no result"
             raise ConnectionLost(f"{doing}: connection lost: {message}")
@@ -395,7 +396,7 @@ class ReplicationConnection:
             try:
                 pgconn.consume_input()
             except Exception as exc:  # psycopg.OperationalError; libpq lost the socket
-                raise ConnectionLost(f"replication connection lost: {_first_line(exc)}") from None
+                raise ConnectionLost(f"replication connection lost: {first_line(exc)}") from None
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes == 0:
                 return None
@@ -464,7 +465,7 @@ class ReplicationConnection:
             self.pgconn.put_copy_data(data)
             self.pgconn.flush()
         except Exception as exc:  # psycopg.OperationalError
-            raise ConnectionLost(f"replication connection lost: {_first_line(exc)}") from None
+            raise ConnectionLost(f"replication connection lost: {first_line(exc)}") from None
 
     def end_copy(self) -> None:
         """Send CopyDone and drain until the server has finished the command."""
@@ -491,7 +492,7 @@ class ReplicationConnection:
                 if pgconn.get_result() is None:
                     break
         except (psycopg.OperationalError, TimeoutError) as exc:  # nothing left to end cleanly
-            raise ConnectionLost(f"ending the replication stream: {_first_line(exc)}") from None
+            raise ConnectionLost(f"ending the replication stream: {first_line(exc)}") from None
 
 
 _COPY_STATES = frozenset({_E.COPY_BOTH, _E.COPY_IN, _E.COPY_OUT})
@@ -531,7 +532,3 @@ def _poll_until_connected(pgconn: PGconn, deadline: float) -> bool:
 def _one_line(text: str) -> str:
     """libpq's multi-line messages as one line."""
     return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

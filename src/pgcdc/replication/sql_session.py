@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgcdc.errors import ConnectionFailed, ConnectionLost, InvalidConninfo
+from pgcdc.errors import ConnectionFailed, ConnectionLost, InvalidConninfo, first_line
 from pgcdc.replication.slots import connect_sql
 
 __all__ = ["SqlSession"]
@@ -85,11 +85,11 @@ class SqlSession:
                 now = time.monotonic()
                 if lost_since is None:
                     lost_since = now
-                    log.warning("source connection lost, connecting again: %s", _first(exc))
+                    log.warning("source connection lost, connecting again: %s", first_line(exc))
                 if now - lost_since >= self.reconnect_timeout:
                     raise ConnectionLost(
                         f"gave up connecting to the source again after "
-                        f"{now - lost_since:.0f} s: {_first(exc)}"
+                        f"{now - lost_since:.0f} s: {first_line(exc)}"
                     ) from None
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
@@ -113,7 +113,3 @@ class SqlSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _first(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

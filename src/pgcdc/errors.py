@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "first_line",
     "CaptureError",
     "ColumnCountMismatch",
     "ConnectionFailed",
@@ -53,6 +52,7 @@ __all__ = [
     "UnsupportedOption",
     "ValueDecodeError",
     "ValueOutOfRange",
+    "first_line",
 ]
 
 EXCERPT_BYTES = 16

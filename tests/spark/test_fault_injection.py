@@ -100,7 +100,7 @@ class Column:
 #: A run may stop when the server goes away under it (a copy cannot go on, a failover's
 #: window without a primary), never for these: a defect of the pipeline's (a spooled change
 #: that does not match its description, a position that goes back).
-INTERNAL_ERRORS = ("SpoolError", "Traceback", "AssertionError", "positions must increase")
+INTERNAL_ERRORS = ("SpoolError", "AssertionError", "positions must increase")
 
 
 # ----------------------------------------------------------------------------- workload

@@ -213,6 +213,14 @@ def test_a_transaction_already_delivered_leaves_its_relation_and_type_messages()
     ]
     passed = [m for _, m in acks.skip_delivered((None, m) for m in resent)]
     assert passed == [typed, described, *resent[5:]]
+    # a prepared transaction handed over before: the same
+    acks.on_message(BeginPrepare(Lsn(400), Lsn(410), 0, 7, "g"), Lsn(350))
+    acks.on_message(Prepare(Lsn(400), Lsn(410), 0, 7, "g"), Lsn(410))
+    acks.handled_upto(Lsn(410))
+    acks.session_started()
+    again = [BeginPrepare(Lsn(400), Lsn(410), 0, 7, "g"), described, Insert(1, ROW)]
+    again.append(Prepare(Lsn(400), Lsn(410), 0, 7, "g"))
+    assert [m for _, m in acks.skip_delivered((None, m) for m in again)] == [described]
 
 
 def test_a_message_outside_transactions_already_delivered() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.decoding.model import Change, ChangeAction, Truncation
-from pgcdc.envelope import EnvelopeBuilder
+from pgcdc.envelope import ChangeBatch, EnvelopeBuilder
 from pgcdc.protocol import Column, Delete, Insert, Lsn, Relation, TupleData, Update
 
 INT2, INT4, INT8, TEXT, NUMERIC, TIMESTAMPTZ, JSONB, INT4_ARRAY = (
@@ -111,6 +111,14 @@ def _message(change: Change) -> Insert | Update | Delete:
 
 def envelope(*txns: Txn, reverse: bool = False) -> pa.Table:
     """The envelope rows of `txns`, reversed when asked (a target sorts them itself)."""
+    table = changes(*txns).envelope()
+    if reverse:
+        table = table.take(pa.array(range(table.num_rows - 1, -1, -1)))
+    return table
+
+
+def changes(*txns: Txn) -> ChangeBatch:
+    """`txns` as the pipeline hands them to a target: a `ChangeBatch`."""
     builder = EnvelopeBuilder()
     for t in txns:
         builder.begin(t.commit_lsn, 700, None, None)
@@ -126,10 +134,7 @@ def envelope(*txns: Txn, reverse: bool = False) -> pa.Table:
                     builder.truncate(
                         ordinal, rel, truncation.cascade, truncation.restart_seqs, truncation.lsn
                     )
-    table = pa.Table.from_batches([builder.flush()])
-    if reverse:
-        table = table.take(pa.array(range(table.num_rows - 1, -1, -1)))
-    return table
+    return ChangeBatch([builder.flush_rows()])
 
 
 def rows(table: pa.Table, *columns: str) -> list[tuple[Any, ...]]:

@@ -1,23 +1,29 @@
-"""The Arrow folds (`pgcdc.targets.bulk`) against the general fold: same tables."""
+"""The Arrow folds (`pgcdc.targets.bulk`) against the general fold: same tables; and the same
+folds read from the envelope and from the spool's column buffers (`ChangeBatch`): the same
+plans."""
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcdc.targets import DeltaTarget, delta
-from pgcdc.targets.bulk import bulk_history, bulk_mirror
+from pgcdc.targets.bulk import BulkHistory, BulkMirror, bulk_history, bulk_mirror
 
 from .envelopes import (
     INT4,
     NUMERIC,
     TEXT,
     UNCHANGED,
+    changes,
     delete,
     envelope,
     insert,
@@ -46,6 +52,35 @@ change = st.one_of(
     st.tuples(st.just("delete"), st.integers(0, 6)),
 )
 batches = st.lists(st.lists(st.lists(change, min_size=1, max_size=4), max_size=5), max_size=4)
+
+
+def _same_plan(a: BulkMirror | BulkHistory | None, b: BulkMirror | BulkHistory | None) -> None:
+    """The two folds made the same plan (but the LSN each names for an error)."""
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert type(a) is type(b)
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "first_lsn":
+            continue
+        if isinstance(x, dict):
+            assert x.keys() == y.keys(), f.name
+            for k in x:
+                same = np.array_equal(x[k], y[k]) if isinstance(x[k], np.ndarray) else None
+                assert same if same is not None else pa.array(x[k]).equals(pa.array(y[k])), (
+                    f.name,
+                    k,
+                )
+        elif isinstance(x, pa.Array | pa.ChunkedArray):
+            assert pa.array(x).equals(pa.array(y)), f.name
+        else:
+            assert x == y, f.name
+
+
+def _fold_both_ways(txns: list[Any], mode: str) -> None:
+    fold = bulk_mirror if mode == "mirror" else bulk_history
+    _same_plan(fold(changes(*txns)), fold(envelope(*txns)))
 
 
 def _txns(spec: list[list[tuple[Any, ...]]], start: int) -> list[Any]:
@@ -78,6 +113,7 @@ def test_bulk_fold_equals_the_general_fold(
     base = tmp_path_factory.mktemp("bulk")
     fast = DeltaTarget(str(base / "fast"), mode, app_id=APP)  # type: ignore[arg-type]
     slow = DeltaTarget(str(base / "slow"), mode, app_id=APP)  # type: ignore[arg-type]
+    spooled = DeltaTarget(str(base / "spooled"), mode, app_id=APP)  # type: ignore[arg-type]
     start = 1000
     for batch in spec:
         txns = _txns(batch, start)
@@ -86,29 +122,39 @@ def test_bulk_fold_equals_the_general_fold(
             continue
         data = envelope(*txns, reverse=True)
         assert (bulk_mirror if mode == "mirror" else bulk_history)(data) is not None
+        _fold_both_ways(txns, mode)
         fast.apply(data)
+        spooled.apply(changes(*txns))
         with monkeypatch.context() as m:
             m.setattr(delta, "bulk_mirror", lambda rows: None)
             m.setattr(delta, "bulk_history", lambda rows: None)
             slow.apply(data)
     if not fast.exists:
-        assert not slow.exists
+        assert not slow.exists and not spooled.exists
         return
-    assert rows(fast.to_arrow()) == rows(slow.to_arrow())
-    assert fast.watermark == slow.watermark
+    assert rows(fast.to_arrow()) == rows(slow.to_arrow()) == rows(spooled.to_arrow())
+    assert fast.watermark == slow.watermark == spooled.watermark
 
 
 def test_batches_that_need_the_general_fold(tmp_path: Path) -> None:
     toast = relation(("id", INT4, True), ("doc", TEXT))
 
     full_toast = relation(("id", INT4), ("doc", TEXT), identity="f")
-    assert bulk_mirror(envelope(txn(10, update(full_toast, {"id": 1, "doc": UNCHANGED})))) is None
-    assert bulk_mirror(envelope(txn(10, truncate(toast)))) is None
     moved = update(toast, {"id": 2, "doc": "x"}, old={"id": 1})
-    assert bulk_mirror(envelope(txn(10, moved))) is None
     full = relation(("id", INT4), ("doc", TEXT), identity="f")
-    assert bulk_mirror(envelope(txn(10, insert(full, id=1, doc="x")))) is None
-    assert bulk_history(envelope(txn(10, moved))) is None
+    two_shapes = relation(("id", INT4, True), ("doc", TEXT), ("more", TEXT))
+    keyless = relation(("tid", INT4), ("note", TEXT))
+    for read in (envelope, changes):
+        assert bulk_mirror(read(txn(10, update(full_toast, {"id": 1, "doc": UNCHANGED})))) is None
+        assert bulk_mirror(read(txn(10, truncate(toast)))) is None
+        assert bulk_mirror(read(txn(10, moved))) is None
+        assert bulk_mirror(read(txn(10, insert(full, id=1, doc="x")))) is None
+        assert bulk_history(read(txn(10, moved))) is None
+        assert bulk_mirror(read(txn(10, update(toast, {"id": 1, "doc": "y"})))) is not None
+        unchanged_key = update(toast, {"id": UNCHANGED, "doc": "y"})
+        assert bulk_mirror(read(txn(10, unchanged_key))) is None
+        assert bulk_mirror(read(txn(10, insert(toast, id=1), insert(two_shapes, id=2)))) is None
+        assert bulk_history(read(txn(10, insert(keyless, tid=1), delete(keyless, tid=1)))) is None
     # The ones it takes: the last change per key wins, typed.
     target = DeltaTarget(str(tmp_path / "t"), "mirror", app_id=APP)
     target.apply(
@@ -127,7 +173,7 @@ def test_unchanged_toast_values_in_the_arrow_fold(tmp_path: Path, mode: str) -> 
     toast = relation(("id", INT4, True), ("name", TEXT), ("doc", TEXT))
     first = envelope(txn(10, *(insert(toast, id=i, name="n", doc=f"d{i}") for i in (1, 2, 3))))
     between = envelope(txn(15, update(toast, {"id": 1, "name": "m", "doc": "d1b"})))  # a DV
-    second = envelope(
+    txns = [
         txn(20, update(toast, {"id": 1, "name": "a", "doc": UNCHANGED})),  # the target's
         txn(25, update(toast, {"id": 1, "name": "a2", "doc": UNCHANGED})),  # the target's
         txn(30, update(toast, {"id": 2, "name": "b", "doc": "new"})),
@@ -135,12 +181,13 @@ def test_unchanged_toast_values_in_the_arrow_fold(tmp_path: Path, mode: str) -> 
         txn(50, update(toast, {"id": 4, "name": "x", "doc": UNCHANGED})),  # nobody's
         txn(60, delete(toast, id=3), insert(toast, id=3, name="z", doc="again")),
         txn(70, update(toast, {"id": 3, "name": "y", "doc": UNCHANGED})),  # after an insert
-        reverse=True,
-    )
+    ]
+    second = envelope(*txns, reverse=True)
     folded = bulk_mirror(second) if mode == "mirror" else bulk_history(second)
     assert folded is not None and set(folded.missing) == {"doc"}
+    _fold_both_ways(txns, mode)
     tables = []
-    for name, general in (("fast", False), ("slow", True)):
+    for name, general in (("fast", False), ("slow", True), ("spooled", False)):
         target = DeltaTarget(str(tmp_path / name), mode, app_id=APP)  # type: ignore[arg-type]
         target.apply(first)
         target.apply(between)
@@ -148,9 +195,9 @@ def test_unchanged_toast_values_in_the_arrow_fold(tmp_path: Path, mode: str) -> 
             if general:
                 m.setattr(delta, "bulk_mirror", lambda rows: None)
                 m.setattr(delta, "bulk_history", lambda rows: None)
-            target.apply(second)
+            target.apply(changes(*txns) if name == "spooled" else second)
         tables.append(rows(target.to_arrow()))
-    assert tables[0] == tables[1]
+    assert tables[0] == tables[1] == tables[2]
     current = [(1, "a2", "d1b"), (2, "c", "new"), (3, "y", "again"), (4, "x", None)]
     if mode == "mirror":
         assert tables[0] == current
@@ -177,6 +224,7 @@ def test_inserts_into_a_table_without_a_key_stay_in_arrow(tmp_path: Path, mode: 
         folded = bulk_mirror(data) if mode == "mirror" else bulk_history(data)
         assert folded is not None
     assert bulk_mirror(envelope(txn(50, delete(keyless, tid=1)))) is None  # the general fold
+    _fold_both_ways([txn(10, insert(keyless, tid=1, delta=5), insert(keyless, tid=1))], mode)
     tables, watermarks = [], []
     for name, general in (("fast", False), ("slow", True)):
         target = DeltaTarget(str(tmp_path / name), mode, app_id=APP)  # type: ignore[arg-type]

@@ -17,12 +17,14 @@ from pgcdc.envelope.shape import ColumnInfo, Shape
 __all__ = [
     "COLUMN_TYPE",
     "ENVELOPE_ARROW_SCHEMA",
+    "ChangeBatch",
     "OP_CODES",
     "SEQUENCE_TYPE",
     "TEXT_MAP",
     "ColumnInfo",
     "EnvelopeBuilder",
     "Shape",
+    "ShapeRows",
     "key_pairs",
     "row_pairs",
     "snapshot_reads",
@@ -30,6 +32,8 @@ __all__ = [
 
 _ARROW = {
     "COLUMN_TYPE": "pgcdc.envelope.schema",
+    "ChangeBatch": "pgcdc.envelope.batch",
+    "ShapeRows": "pgcdc.envelope.batch",
     "ENVELOPE_ARROW_SCHEMA": "pgcdc.envelope.schema",
     "SEQUENCE_TYPE": "pgcdc.envelope.schema",
     "TEXT_MAP": "pgcdc.envelope.schema",

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
 
-from pgcdc.envelope.images import KIND_BINARY, KIND_TEXT, KIND_UNCHANGED
+from pgcdc.envelope.batch import ShapeRows, cell_values
+from pgcdc.envelope.images import KIND_UNCHANGED
 from pgcdc.envelope.schema import COLUMN_TYPE, ENVELOPE_ARROW_SCHEMA, SEQUENCE_TYPE
-from pgcdc.errors import ValueDecodeError
+from pgcdc.envelope.shape import Shape
 from pgcdc.protocol import Delete, Insert, Relation, Update, encode
 from pgcdc.protocol.columns import (
     OP_DELETE,
@@ -31,7 +33,7 @@ from pgcdc.protocol.columns import (
     row_columns,
 )
 
-__all__ = ["OP_CODES", "EnvelopeBuilder", "snapshot_reads"]
+__all__ = ["OP_CODES", "EnvelopeBuilder", "FlushedRows", "snapshot_reads"]
 
 #: The ``op`` of each change kind, by code (``read``: a row of the initial copy).
 OPS = ("insert", "update", "delete", "truncate", "message", "read")
@@ -39,6 +41,7 @@ OP_CODES = {name: code for code, name in enumerate(OPS)}
 _TRUNCATE, _MESSAGE = 3, 4
 #: Microseconds from 1970-01-01 to 2000-01-01 (PostgreSQL's epoch).
 _PG_EPOCH_US = 946_684_800_000_000
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _OPS_ARRAY = pa.array(OPS, pa.string())
 #: A row that is not a row change (truncate, message) in the order of rows.
 _OTHER = -1
@@ -181,23 +184,83 @@ class EnvelopeBuilder:
 
     def flush(self) -> pa.RecordBatch:
         """The rows collected since the last flush, in the order they came."""
+        return self.flush_rows().envelope()
+
+    def flush_rows(self) -> FlushedRows:
+        """The rows collected since the last flush, as column buffers (`FlushedRows`: the
+        envelope, or the rows per relation shape, made from them on demand)."""
         txns = [t for t in self._txns if t.rows]
         order = np.frombuffer(self._order, np.int32) if len(self._order) else np.zeros(0, np.int32)
-        others, groups = self._others, self._groups
+        flushed = FlushedRows(
+            txns, order, [(g, finish(g.collector)) for g in self._groups], self._others
+        )
         if self._txns:  # a transaction may go on after a flush
             last = self._txns[-1]
             self._txns = [_Txn(last.commit_lsn, last.xid, last.commit_ts, last.origin)]
         self._order, self._others = array("i"), []
         self._groups, self._group_of = [], {}
+        return flushed
+
+
+class FlushedRows:
+    """What one flush took: the transactions, the row order (each row's group, or
+    `_OTHER`), each relation's column buffers, the truncate and message rows."""
+
+    __slots__ = ("groups", "order", "others", "txns")
+
+    def __init__(
+        self,
+        txns: list[_Txn],
+        order: np.ndarray,
+        groups: list[tuple[_Group, RowBuffers]],
+        others: list[tuple[int, int, int | None, _Described | None, tuple[object, ...]]],
+    ) -> None:
+        self.txns, self.order, self.groups, self.others = txns, order, groups, others
+
+    @property
+    def rows(self) -> int:
+        return len(self.order)
+
+    @property
+    def commit_lsns(self) -> tuple[int, int]:
+        """The lowest and highest commit LSN of the rows (transactions come in order)."""
+        return self.txns[0].commit_lsn, self.txns[-1].commit_lsn
+
+    @property
+    def last_commit_time(self) -> datetime | None:
+        times = [t.commit_ts for t in self.txns if t.commit_ts is not None]
+        if not times:
+            return None
+        return _PG_EPOCH + timedelta(microseconds=max(times))
+
+    def _per_row_txn(self) -> np.ndarray:
+        counts = np.fromiter((t.rows for t in self.txns), np.int64, count=len(self.txns))
+        return np.repeat(np.arange(len(self.txns)), counts)
+
+    def shape_rows(self) -> list[ShapeRows] | None:
+        """Each relation's rows (`ShapeRows`), or None when there are truncate or message
+        rows too."""
+        if self.others:
+            return None
+        per_txn = self._per_row_txn()
+        lsns = np.array([t.commit_lsn for t in self.txns], np.int64)
+        out = []
+        for index, (group, buffers) in enumerate(self.groups):
+            at = np.flatnonzero(self.order == index)
+            out.append(_shape_rows(group, buffers, lsns[per_txn[at]]))
+        return out
+
+    def envelope(self) -> pa.RecordBatch:
+        """The rows as envelope rows, in the order they came."""
+        txns, order, others = self.txns, self.order, self.others
         n = len(order)
         if n == 0:
             return pa.RecordBatch.from_pylist([], schema=ENVELOPE_ARROW_SCHEMA)
-        counts = np.fromiter((t.rows for t in txns), np.int64, count=len(txns))
-        per_txn = np.repeat(np.arange(len(txns)), counts)
+        per_txn = self._per_row_txn()
         commit_lsn = pa.array(np.array([t.commit_lsn for t in txns], np.int64)[per_txn])
-        parts = [_GroupColumns.of(g, finish(g.collector)) for g in groups]
+        parts = [_GroupColumns.of(g, buffers) for g, buffers in self.groups]
         parts.append(_GroupColumns.of_others(others))
-        slot = np.where(order == _OTHER, len(groups), order)
+        slot = np.where(order == _OTHER, len(self.groups), order)
         # each row's place in the concatenation of the groups' columns
         starts = np.cumsum([0, *(p.rows for p in parts)])
         position = np.empty(n, np.int64)
@@ -231,6 +294,26 @@ class EnvelopeBuilder:
         return pa.RecordBatch.from_arrays(
             [columns[f.name] for f in ENVELOPE_ARROW_SCHEMA], schema=ENVELOPE_ARROW_SCHEMA
         )
+
+
+def _shape_rows(group: _Group, b: RowBuffers, commit_lsn: np.ndarray) -> ShapeRows:
+    relation = group.relation
+    ncols = len(relation.columns)
+    table = f"{relation.schema}.{relation.relname}"
+    new_kinds = np.frombuffer(b.new_kinds, np.uint8).reshape(b.rows, ncols)
+    old_kinds = np.frombuffer(b.old_kinds, np.uint8).reshape(b.rows, ncols)
+    return ShapeRows(
+        Shape.of(relation, group.attnums),
+        commit_lsn,
+        np.frombuffer(b.ordinal, "<i8"),
+        np.frombuffer(b.lsn, "<i8"),
+        np.frombuffer(b.op, np.uint8),
+        np.frombuffer(b.old_kind, np.uint8),
+        new_kinds,
+        cell_values(new_kinds, b.new_offsets, b.new_values, table),
+        old_kinds,
+        cell_values(old_kinds, b.old_offsets, b.old_values, table),
+    )
 
 
 def _per_txn(values: list[object], per_txn: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -338,21 +421,7 @@ class _Cells:
         cls, valid: np.ndarray, kinds: bytes, offsets: bytes, values: bytes, ncols: int, table: str
     ) -> _Cells:
         matrix = np.frombuffer(kinds, np.uint8).reshape(len(valid), ncols)
-        sent = (matrix == KIND_TEXT) | (matrix == KIND_BINARY)
-        cells = matrix.size
-        array = pa.Array.from_buffers(
-            pa.string(),
-            cells,
-            [
-                pa.py_buffer(np.packbits(sent.ravel(), bitorder="little")),
-                pa.py_buffer(offsets),
-                pa.py_buffer(values),
-            ],
-        )
-        try:
-            array.validate(full=True)
-        except pa.ArrowInvalid as exc:
-            raise ValueDecodeError(f"{table}: a value is not UTF-8 text ({exc})") from None
+        array = cell_values(matrix, offsets, values, table)
         return cls(valid, matrix[valid], array.filter(pa.array(np.repeat(valid, ncols))))
 
     def entries(self, mask: np.ndarray, names: pa.Array) -> tuple[pa.Array, ...]:

@@ -6,9 +6,9 @@ needs (the descriptions of its types, read on the driver). Tasks on the driver's
 the ranges from the spool's files; for tasks elsewhere (a cluster's executors, a Spark
 Connect server's) the ranges carry their bytes, read on the driver: executors need no
 filesystem shared with it. Spark tasks run `apply_tables` on groups of them, in parallel:
-each builds the envelope from its ranges a column at a time
-(`pgcdc.spool._spool.read_envelope`) and applies it to every target of the table, each
-committing its data with the batch's watermark. Only a small
+each reads its ranges a column at a time (`pgcdc.spool._spool.read_changes`: the
+rows per relation shape, the envelope only when something needs it) and applies them to
+every target of the table, each committing its data with the batch's watermark. Only a small
 `TableOutcome` per table goes back to the driver.
 
 A table whose targets cannot take its changes (a type change they cannot follow, a value out
@@ -29,11 +29,11 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA
+from pgcdc.envelope import ChangeBatch
 from pgcdc.errors import TargetError, first_line
 from pgcdc.protocol import Lsn
 from pgcdc.snapshot.fill import SourceFills
-from pgcdc.spool._spool import SpoolRange, read_envelope
+from pgcdc.spool._spool import SpoolRange, read_changes
 from pgcdc.targets import READ_CACHE_BYTES, Target, TargetSpec, decoded_columns, open_target
 from pgcdc.types.catalog import TypeDescriptions
 from pgcdc.types.registry import TypeRegistry
@@ -184,26 +184,26 @@ def maintain_open() -> bool:
 def _apply(work: TableWork) -> TableOutcome:
     started = time.monotonic()
     decoded_columns().budget = work.read_cache
-    rows = pa.Table.from_batches(list(read_envelope(work.ranges)), schema=ENVELOPE_ARROW_SCHEMA)
-    outcome = TableOutcome(work.table, rows.num_rows)
+    batch = read_changes(work.ranges)
+    outcome = TableOutcome(work.table, batch.num_rows)
     outcome.phases = {
         "read": time.monotonic() - started,
         "fold": 0.0,
         "write": 0.0,
         "maintain": 0.0,
     }
-    if rows.num_rows:
-        outcome.first_commit_lsn = pc.min(rows.column("commit_lsn")).as_py()
-        outcome.last_commit_time = pc.max(rows.column("commit_ts")).as_py()
+    outcome.first_commit_lsn = batch.first_commit_lsn
+    outcome.last_commit_time = batch.last_commit_time
     try:
         if work.pending:
-            _log(work, rows, outcome)
+            _log(work, batch, outcome)
         else:
-            _check_truncates(work, rows)
+            if batch.shape_rows() is None:  # truncations among the rows
+                _check_truncates(work, batch.envelope())
             registry = work.types.registry()
             for spec in work.targets:
                 target = _target(work, spec, registry)
-                result = target.apply(rows)
+                result = target.apply(batch)
                 maintained = time.monotonic()
                 if work.maintain:
                     target.maintain()
@@ -215,20 +215,20 @@ def _apply(work: TableWork) -> TableOutcome:
     except Exception as exc:
         for spec in work.targets:  # its state may be half-way: open it anew next time
             _OPEN.pop((spec.path, spec.mode, work.app_id), None)
-        outcome.error = apply_error_line(work.table, rows, exc)
+        outcome.error = apply_error_line(work.table, batch.envelope(), exc)
         log.debug("%s", outcome.error, exc_info=True)  # the traceback, for a bug report
         if work.on_error == "quarantine" and not work.pending:
-            _log(work, rows, outcome)
+            _log(work, batch, outcome)
     outcome.seconds = time.monotonic() - started
     return outcome
 
 
-def _log(work: TableWork, rows: pa.Table, outcome: TableOutcome) -> None:
+def _log(work: TableWork, batch: ChangeBatch, outcome: TableOutcome) -> None:
     """The changes to the table's pending change log, durably (the slot may then move)."""
     log = TargetSpec(work.pending_log, "changelog", storage_options=work.storage_options)
-    open_target(log, app_id=work.app_id, source=work.table).apply(rows)
+    open_target(log, app_id=work.app_id, source=work.table).apply(batch.envelope())
     outcome.pending = True
-    outcome.applied[f"{work.table} pending"] = rows.num_rows
+    outcome.applied[f"{work.table} pending"] = batch.num_rows
 
 
 def _check_truncates(work: TableWork, rows: pa.Table) -> None:

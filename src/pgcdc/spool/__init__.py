@@ -1,6 +1,6 @@
 """The spool: committed transactions on disk, as the server sent them, per relation, and the
 replication session that fills it (`Spooler`). The pipeline's driver plans batches over it;
-whoever applies a batch reads its byte ranges (`read_envelope`)."""
+whoever applies a batch reads its byte ranges (`read_changes`, `read_envelope`)."""
 
 from pgcdc.spool._session import Spooler, SpoolWriter
 from pgcdc.spool._spool import (
@@ -9,6 +9,7 @@ from pgcdc.spool._spool import (
     Spool,
     SpoolRange,
     default_spool_dir,
+    read_changes,
     read_envelope,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "SpoolWriter",
     "Spooler",
     "default_spool_dir",
+    "read_changes",
     "read_envelope",
 ]

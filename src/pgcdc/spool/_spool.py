@@ -42,7 +42,8 @@ from typing import BinaryIO, Protocol
 
 import pyarrow as pa
 
-from pgcdc.envelope import EnvelopeBuilder
+from pgcdc.envelope import ChangeBatch, EnvelopeBuilder
+from pgcdc.envelope.builder import FlushedRows
 from pgcdc.errors import PgcdcError, RecordError, SpoolError
 from pgcdc.protocol import (
     Decoder,
@@ -68,6 +69,7 @@ __all__ = [
     "SpoolRange",
     "default_spool_dir",
     "load_ranges",
+    "read_changes",
     "read_envelope",
 ]
 
@@ -628,6 +630,17 @@ def _payloads(spool_range: SpoolRange) -> Iterator[bytes]:
 def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
     """The envelope rows of the units in `ranges`, a column at a time (`EnvelopeBuilder`):
     row changes straight from their frames, Truncates and messages decoded one by one."""
+    for part in _read_flushed(ranges):
+        yield part.envelope()
+
+
+def read_changes(ranges: Iterable[SpoolRange]) -> ChangeBatch:
+    """The units in `ranges` as one `ChangeBatch`: their row changes per relation shape,
+    and the envelope made from them when something needs it."""
+    return ChangeBatch(list(_read_flushed(ranges)))
+
+
+def _read_flushed(ranges: Iterable[SpoolRange]) -> Iterator[FlushedRows]:
     builder = EnvelopeBuilder()
     read = 0  # record bytes since the last flush: at least the values collected
     for spool_range in ranges:
@@ -636,10 +649,10 @@ def read_envelope(ranges: Iterable[SpoolRange]) -> Iterator[pa.RecordBatch]:
             if len(builder) >= _BATCH_ROWS or (
                 read >= _BATCH_VALUE_BYTES and builder.value_bytes >= _BATCH_VALUE_BYTES
             ):
-                yield builder.flush()
+                yield builder.flush_rows()
                 read = 0
     if len(builder):
-        yield builder.flush()
+        yield builder.flush_rows()
 
 
 def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[int]:

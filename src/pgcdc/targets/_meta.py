@@ -16,6 +16,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 
 from pgcdc.envelope import ColumnInfo, Shape
@@ -36,6 +38,7 @@ __all__ = [
     "recorded",
     "recorded_columns",
     "recorded_keys",
+    "unapplied",
 ]
 
 #: Commit metadata of an initial copy's chunk: the chunk, the copy's point, its rows.
@@ -144,3 +147,19 @@ def partial_seq(last: dict[str, Any], app_id: str, watermark: int | None) -> Seq
     if data.get("app_id") != app_id or (watermark is not None and seq[0] <= watermark):
         return None
     return seq
+
+
+def unapplied(rows: pa.Table, watermark: int | None, partial: Seq | None) -> pa.Table:
+    """The envelope rows past the watermark and past the last change of a batch that did
+    not finish (`partial_seq`): those a replay must still apply."""
+    lsns = rows.column("commit_lsn")
+    if rows.num_rows and watermark is not None and pc.min(lsns).as_py() <= watermark:
+        rows = rows.filter(pc.greater(lsns, pa.scalar(watermark)))  # (a filter copies all)
+    if partial is not None and rows.num_rows:
+        lsn, ordinal = partial
+        lsns, ordinals = rows.column("commit_lsn"), rows.column("ordinal")
+        done = pc.or_(
+            pc.less(lsns, lsn), pc.and_(pc.equal(lsns, lsn), pc.less_equal(ordinals, ordinal))
+        )
+        rows = rows.filter(pc.invert(done))
+    return rows

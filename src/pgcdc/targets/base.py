@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from pgcdc.envelope import SEQUENCE_TYPE, ColumnInfo
+from pgcdc.envelope import SEQUENCE_TYPE, ChangeBatch, ColumnInfo
 from pgcdc.protocol import Relation
 from pgcdc.types.registry import DEFAULT_REGISTRY, TypeRegistry
 
@@ -119,9 +119,9 @@ class Target(ABC):
         """The highest commit LSN applied (None: nothing applied yet)."""
 
     @abstractmethod
-    def apply(self, rows: pa.Table) -> ApplyResult:
-        """Apply a batch of envelope rows of the source table (whole transactions, any
-        order); rows at or below the watermark are skipped. A batch that raises writes
+    def apply(self, rows: pa.Table | ChangeBatch) -> ApplyResult:
+        """Apply a batch of the source table (envelope rows, or a `ChangeBatch`: whole
+        transactions, any order); rows at or below the watermark are skipped. A batch that raises writes
         nothing that a replay would not write again."""
 
     @abstractmethod

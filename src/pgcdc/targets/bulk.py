@@ -9,22 +9,29 @@ numpy's sorts and group-bys, without a Python object per row; the rows' text col
 typed column by column. Any other batch returns None and takes the general fold
 (`pgcdc.targets.fold`), which is the reference for what a batch means (the tests compare
 both).
+
+The folds read a batch column-wise (`_Rows`): from the spool's column buffers
+(`pgcdc.envelope.ShapeRows`, the pipeline's batches), or from the envelope's text maps (any
+other caller).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.envelope import SEQUENCE_TYPE, Shape
+from pgcdc.envelope import SEQUENCE_TYPE, ChangeBatch, Shape, ShapeRows
+from pgcdc.envelope.images import KIND_UNCHANGED
+from pgcdc.protocol.columns import OP_DELETE, OP_INSERT, OP_UPDATE
 from pgcdc.targets.fold import _shape, single_shape
 
 __all__ = ["BulkHistory", "BulkMirror", "bulk_history", "bulk_mirror"]
 
-_ROW_OPS = pa.array(["insert", "update", "delete"])
+_ROW_OPS = pa.array(["insert", "update", "delete"])  # (in the order of the OP_ codes)
 _INDEX = "__pgcdc_index"
 _AT = "__pgcdc_at"
 
@@ -45,16 +52,20 @@ class BulkMirror:
     #: Per column: the upserts whose value is an unchanged TOAST value the batch does not
     #: hold (the target's current row of the key has it), as a mask over the upserts.
     missing: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The LSN of one of the batch's changes (for an error's message).
+    first_lsn: int | None = None
 
 
-def _columns(maps: pa.ChunkedArray, names: tuple[str, ...]) -> dict[str, pa.Array] | None:
+def _columns(
+    maps: pa.ChunkedArray | pa.Array, names: tuple[str, ...]
+) -> dict[str, pa.Array] | None:
     """Each named column's values, when every map holds exactly `names` in that order (how
     `pgcdc.envelope.EnvelopeBuilder` lays out the rows of one relation with no unchanged
     TOAST value): taken by position, far cheaper than a lookup by key per row. None when a
     map differs (or is null)."""
     if len(maps) == 0:
         return {name: pa.array([], pa.string()) for name in names}
-    combined = maps.combine_chunks()
+    combined = maps.combine_chunks() if isinstance(maps, pa.ChunkedArray) else maps
     if combined.null_count:
         return None
     offsets = combined.offsets.to_numpy()
@@ -106,169 +117,227 @@ def _sparse_columns(
 
 
 @dataclass(frozen=True, slots=True)
-class _Plain:
-    """A batch of one relation shape, with keys, no key change, no unchanged TOAST value of
-    a key column, no truncation: each row's key (text, by key column) and the rows'
-    sequence order."""
+class _Rows:
+    """A batch of one relation shape's inserts, updates and deletes, with keys and no key
+    change (or, for a table without a key, inserts only), column-wise: what the folds read."""
 
     shape: Shape
-    names: tuple[str, ...]
+    #: Per row: its operation (``OP_*``), commit LSN, ordinal and LSN.
+    ops: np.ndarray
+    commit_lsn: np.ndarray
+    ordinal: np.ndarray
+    lsn: pa.Array
+    #: Per key column, each row's key (the old tuple's where it has one, else the new).
     keys: dict[str, pa.Array]
-    #: Row numbers in sequence order, and each row's place in it.
-    order: pa.Array
-    ranks: pa.Array
-    #: Whether some update leaves TOAST values unchanged (never a key column's).
-    unchanged: bool = False
+    #: Per column some update leaves unchanged (a TOAST value): which rows.
+    unchanged: dict[str, np.ndarray]
+    #: The named columns' text in the rows `at` (null where the row holds no value; with
+    #: `mask`, also where it is set).
+    values: Callable[[tuple[str, ...], np.ndarray, np.ndarray | None], dict[str, pa.Array]]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.shape.columns)
+
+    def sequence_order(self) -> np.ndarray:
+        """The row numbers in (commit LSN, ordinal) order."""
+        return np.lexsort((self.ordinal, self.commit_lsn))
 
 
-def _plain(rows: pa.Table) -> _Plain | None:
-    """The batch's keys and order, when it is plain (updates may leave TOAST values of
-    columns other than the key's unchanged)."""
+def _rows_of(rows: pa.Table | ChangeBatch) -> _Rows | None:
+    """The batch column-wise, when it is one the folds here take."""
+    if isinstance(rows, pa.Table):
+        return _envelope_rows(rows)
+    shapes = rows.shape_rows()
+    if shapes is None or len(shapes) != 1 or not len(shapes[0]):
+        return None
+    return _shape_rows(shapes[0])
+
+
+def _shape_rows(rows: ShapeRows) -> _Rows | None:
+    """From the spool's column buffers: the cells of row i, column j at i * ncols + j."""
+    shape, ncols, count = rows.shape, len(rows.shape.columns), len(rows)
+    ops = rows.op
+    key_at = [j for j, c in enumerate(shape.columns) if c.key]
+    unchanged_cells = rows.new_kinds == KIND_UNCHANGED
+    keys: dict[str, pa.Array] = {}
+    if not key_at:
+        if not bool(np.all(ops == OP_INSERT)):
+            return None
+    else:
+        if shape.full_identity or unchanged_cells[:, key_at].any():
+            return None
+        cells = np.arange(count) * ncols
+        has_old = rows.old_kind != 0
+        both = pa.concat_arrays([rows.new_values, rows.old_values])
+        for j in key_at:
+            new, old = rows.new_values.take(cells + j), rows.old_values.take(cells + j)
+            moved = has_old & (ops == OP_UPDATE)
+            if moved.any() and pc.any(pc.not_equal(new.filter(moved), old.filter(moved))).as_py():
+                return None  # a key change needs the general fold
+            at = np.where(has_old, cells + j + len(rows.new_values), cells + j)
+            keys[shape.columns[j].name] = both.take(at)
+    names = tuple(c.name for c in shape.columns)
+    unchanged = {
+        names[j]: unchanged_cells[:, j] for j in range(ncols) if unchanged_cells[:, j].any()
+    }
+    values = rows.new_values
+
+    def cells_of(
+        wanted: tuple[str, ...], at: np.ndarray, mask: np.ndarray | None = None
+    ) -> dict[str, pa.Array]:
+        out = {}
+        for name in wanted:
+            index = at * ncols + names.index(name)
+            out[name] = values.take(pa.array(index, mask=mask))
+        return out
+
+    return _Rows(
+        shape,
+        ops,
+        rows.commit_lsn,
+        rows.ordinal,
+        pa.array(rows.lsn, pa.int64()),
+        keys,
+        unchanged,
+        cells_of,
+    )
+
+
+def _envelope_rows(rows: pa.Table) -> _Rows | None:
+    """From envelope rows: the maps' values by name."""
     if rows.num_rows == 0:
         return None
-    ops = rows.column("op")
-    if not pc.all(pc.is_in(ops, value_set=_ROW_OPS)).as_py():
+    codes = pc.index_in(rows.column("op"), value_set=_ROW_OPS)
+    if codes.null_count or not single_shape(rows):
         return None
+    ops = codes.to_numpy(zero_copy_only=False).astype(np.uint8)
+    shape = _shape(rows, 0)
+    keys, names = shape.key_names, tuple(c.name for c in shape.columns)
     toast = rows.column("unchanged_toast")
     has_toast = bool(pc.max(pc.fill_null(pc.list_value_length(toast), 0)).as_py())
-    if not single_shape(rows):
-        return None
-    shape = _shape(rows, 0)
-    keys = shape.key_names
-    if not keys or shape.full_identity:
-        return None
-    if has_toast and pc.any(pc.is_in(pc.list_flatten(toast), pa.array(keys))).as_py():
-        return None  # a key column's value unchanged: the general fold says what that means
-    before = _columns(rows.column("key"), keys)
-    updated = pc.equal(ops, "update").combine_chunks()
-    names = tuple(c.name for c in shape.columns)
-    after = rows.column("after").filter(updated)
-    after_keys = _sparse_columns(after, keys)[0] if has_toast else _columns(after, names)
-    if before is None or after_keys is None:
-        return None
-    for name in keys:  # a key change needs the general fold
-        if pc.any(pc.not_equal(before[name].filter(updated), after_keys[name])).as_py():
+    after = rows.column("after").combine_chunks()
+
+    def values(
+        wanted: tuple[str, ...], at: np.ndarray, mask: np.ndarray | None = None
+    ) -> dict[str, pa.Array]:
+        maps = after.take(pa.array(at, mask=mask))
+        exact = None if has_toast or mask is not None else _columns(maps, wanted)
+        return exact if exact is not None else _sparse_columns(maps, wanted)[0]
+
+    before: dict[str, pa.Array] = {}
+    if not keys:
+        if not bool(np.all(ops == OP_INSERT)):
             return None
-    order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
-    ranks = pc.sort_indices(order)  # each row's position in sequence order
-    return _Plain(shape, names, before, order, ranks, has_toast)
-
-
-@dataclass(frozen=True, slots=True)
-class _Inserts:
-    """A batch of inserts into a table without identity (no key): each row is a row of its
-    own, in sequence order."""
-
-    shape: Shape
-    values: dict[str, pa.Array]
-    lsns: pa.Array
-    starts: pa.Array
-
-
-def _inserts_without_key(rows: pa.Table) -> _Inserts | None:
-    if rows.num_rows == 0 or not pc.all(pc.equal(rows.column("op"), "insert")).as_py():
-        return None
-    if not single_shape(rows):
-        return None
-    shape = _shape(rows, 0)
-    if shape.key_names:
-        return None
-    order = pc.sort_indices(rows, sort_keys=[("commit_lsn", "ascending"), ("ordinal", "ascending")])
-    ordered = rows.select(["after", "lsn", "commit_lsn", "ordinal"]).take(order)
-    values = _columns(ordered.column("after"), tuple(c.name for c in shape.columns))
-    if values is None:
-        return None
-    starts = _sequences(
-        ordered.column("commit_lsn").to_numpy(), ordered.column("ordinal").to_numpy()
+    else:
+        if shape.full_identity:
+            return None
+        if has_toast and pc.any(pc.is_in(pc.list_flatten(toast), pa.array(keys))).as_py():
+            return None  # a key column's value unchanged: the general fold says what that means
+        found = _columns(rows.column("key"), keys)
+        if found is None:
+            return None
+        before = found
+        updated = ops == OP_UPDATE
+        if updated.any():
+            after_keys = values(keys, np.flatnonzero(updated))
+            for name in keys:  # a key change needs the general fold
+                if pc.any(pc.not_equal(before[name].filter(updated), after_keys[name])).as_py():
+                    return None
+    unchanged: dict[str, np.ndarray] = {}
+    if has_toast:
+        _, absent = _sparse_columns(after, names)
+        kept = ops != OP_DELETE  # (a delete's row holds no value at all)
+        unchanged = {n: m & kept for n, m in absent.items() if (m & kept).any()}
+    return _Rows(
+        shape,
+        ops,
+        rows.column("commit_lsn").to_numpy(),
+        rows.column("ordinal").to_numpy(),
+        rows.column("lsn").combine_chunks(),
+        before,
+        unchanged,
+        values,
     )
-    return _Inserts(shape, values, ordered.column("lsn").combine_chunks(), starts)
 
 
-def bulk_mirror(rows: pa.Table) -> BulkMirror | None:
+def bulk_mirror(rows: pa.Table | ChangeBatch) -> BulkMirror | None:
     """The batch folded in Arrow, or None when it needs the general fold."""
-    if (inserts := _inserts_without_key(rows)) is not None:
-        count = len(inserts.lsns)
-        return BulkMirror(inserts.shape, inserts.values, count, {}, 0, inserts.lsns, True)
-    plain = _plain(rows)
-    if plain is None:
+    r = _rows_of(rows)
+    if r is None:
         return None
-    keys, names = plain.shape.key_names, plain.names
-    table = pa.table({**{f"k{i}": plain.keys[n] for i, n in enumerate(keys)}, _INDEX: plain.ranks})
+    shape, names, keys = r.shape, r.names, r.shape.key_names
+    order = r.sequence_order()
+    if not keys:  # inserts into a table without a key: each row is a row of its own
+        values = r.values(names, order, None)
+        lsns = r.lsn.take(order)
+        return BulkMirror(shape, values, len(order), {}, 0, lsns, True, {}, lsns[0].as_py())
+    ranks = np.empty(len(order), np.int64)
+    ranks[order] = np.arange(len(order))  # each row's place in sequence order
+    table = pa.table({**{f"k{i}": r.keys[n] for i, n in enumerate(keys)}, _INDEX: ranks})
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
     ranks_of = grouped.aggregate([(_INDEX, "max"), (_INDEX, "min")])
-    last_rank = ranks_of.column(f"{_INDEX}_max")
-    ops = rows.column("op")
-    first_ops = pc.take(ops, pc.take(plain.order, ranks_of.column(f"{_INDEX}_min")))
-    inserts_only = bool(pc.all(pc.equal(first_ops, "insert")).as_py())
-    winners = pc.take(plain.order, last_rank)
-    last = rows.select(["op", "key", "after", "lsn"]).take(winners)
-    deleted = pc.equal(last.column("op"), "delete")
-    kept = last.filter(pc.invert(deleted))
-    gone = last.filter(deleted)
-    deletes = _columns(gone.column("key"), keys)
+    first_ops = r.ops[order[ranks_of.column(f"{_INDEX}_min").to_numpy()]]
+    inserts_only = bool(np.all(first_ops == OP_INSERT))
+    winners = order[ranks_of.column(f"{_INDEX}_max").to_numpy()]
+    deleted = r.ops[winners] == OP_DELETE
+    kept, gone = winners[~deleted], winners[deleted]
+    deletes = {k: r.keys[k].take(gone) for k in keys}
+    upserts = r.values(names, kept, None)
     missing: dict[str, np.ndarray] = {}
-    upserts: dict[str, pa.Array] | None
-    if plain.unchanged:
-        upserts, absent = _sparse_columns(kept.column("after"), names)
-        kept_keys = _columns(kept.column("key"), keys)
-        assert kept_keys is not None  # `_plain` read every row's key so
-        row_deletes = pc.equal(rows.column("op"), "delete").to_numpy(zero_copy_only=False)
-        for name, lacking in absent.items():
+    for name, unchanged in r.unchanged.items():
+        lacking = unchanged[kept]
+        if lacking.any():
             upserts[name], missing_here = _latest_known(
-                rows, plain, row_deletes, kept_keys, upserts[name], lacking, name
+                r, order, ranks, kept, upserts[name], lacking, name
             )
             if missing_here.any():
                 missing[name] = missing_here
-    else:
-        upserts = _columns(kept.column("after"), names)
-    if upserts is None or deletes is None:
-        return None
-    lsns = kept.column("lsn").combine_chunks()
+    lsns = r.lsn.take(kept)
+    first = r.lsn[0].as_py()
     return BulkMirror(
-        plain.shape, upserts, kept.num_rows, deletes, gone.num_rows, lsns, inserts_only, missing
+        shape, upserts, len(kept), deletes, len(gone), lsns, inserts_only, missing, first
     )
 
 
 def _latest_known(
-    rows: pa.Table,
-    plain: _Plain,
-    deletes: np.ndarray,
-    kept_keys: dict[str, pa.Array],
+    r: _Rows,
+    order: np.ndarray,
+    ranks: np.ndarray,
+    kept: np.ndarray,
     current: pa.Array,
     lacking: np.ndarray,
     name: str,
 ) -> tuple[pa.Array, np.ndarray]:
-    """Column `name` of the upserts (`kept_keys`: their keys, each its key's last change;
-    `current`: their values; `deletes`: which of the batch's rows are deletes) where the
-    `lacking` ones (an unchanged TOAST value) take the key's latest value in the batch: that
-    of its last earlier insert or update that carried one, unless a delete came after it
-    (null then, as the general fold has it; from the server, an insert comes in between,
-    which carries every value). And which upserts the batch holds no value for, nor deleted:
-    the target's current row has it."""
-    keys = plain.shape.key_names
+    """Column `name` of the upserts (`kept`: their rows, each its key's last change;
+    `current`: their values) where the `lacking` ones (an unchanged TOAST value) take the
+    key's latest value in the batch: that of its last earlier insert or update that carried
+    one, unless a delete came after it (null then, as the general fold has it; from the
+    server, an insert comes in between, which carries every value). And which upserts the
+    batch holds no value for, nor deleted: the target's current row has it."""
+    keys = r.shape.key_names
     names = [f"k{i}" for i in range(len(keys))]
-    values, absent = _sparse_columns(rows.column("after"), (name,))
-    known = ~absent.get(name, np.zeros(rows.num_rows, dtype=bool))
-    carried = pa.array(np.flatnonzero(known | deletes))  # a delete: none known after it
+    deletes = r.ops == OP_DELETE
+    carried = pa.array(np.flatnonzero(~r.unchanged[name]))  # a delete: none known after it
     carriers = pa.table(
         {
-            **{n: plain.keys[k].take(carried) for n, k in zip(names, keys, strict=True)},
-            _INDEX: plain.ranks.take(carried),
+            **{n: r.keys[k].take(carried) for n, k in zip(names, keys, strict=True)},
+            _INDEX: pa.array(ranks).take(carried),
         }
     )
     latest = carriers.group_by(names, use_threads=False).aggregate([(_INDEX, "max")])
     wanted = np.flatnonzero(lacking)
     asked = pa.table(
         {
-            **{n: kept_keys[k].take(pa.array(wanted)) for n, k in zip(names, keys, strict=True)},
+            **{n: r.keys[k].take(kept[wanted]) for n, k in zip(names, keys, strict=True)},
             _AT: pa.array(np.arange(len(wanted))),
         }
     )
     found = asked.join(latest, names, join_type="left outer", use_threads=False).sort_by(_AT)
-    latest_row = pc.take(plain.order, found.column(f"{_INDEX}_max"))
-    none = latest_row.is_null().to_numpy(zero_copy_only=False)  # the target's value
-    rows_at = latest_row.fill_null(0).to_numpy(zero_copy_only=False)
-    filled = values[name].take(pa.array(rows_at, mask=none | deletes[rows_at]))
+    latest_rank = found.column(f"{_INDEX}_max")
+    none = latest_rank.is_null().to_numpy(zero_copy_only=False)  # the target's value
+    rows_at = order[latest_rank.fill_null(0).to_numpy(zero_copy_only=False)]
+    filled = r.values((name,), rows_at, none | deletes[rows_at])[name]
     chosen = np.arange(len(current))
     chosen[wanted] = len(current) + np.arange(len(wanted))
     column = pa.concat_arrays([current, filled]).take(pa.array(chosen))
@@ -297,6 +366,8 @@ class BulkHistory:
     #: Per column: the versions whose value is an unchanged TOAST value the batch does not
     #: hold (the target's current version of the key has it), as a mask over the versions.
     missing: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The LSN of one of the batch's changes (for an error's message).
+    first_lsn: int | None = None
 
 
 def _sequences(lsns: np.ndarray, ordinals: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
@@ -308,41 +379,29 @@ def _sequences(lsns: np.ndarray, ordinals: np.ndarray, valid: np.ndarray | None 
     )
 
 
-def bulk_history(rows: pa.Table) -> BulkHistory | None:
+def bulk_history(rows: pa.Table | ChangeBatch) -> BulkHistory | None:
     """The batch turned into versions in Arrow (what `fold_history` makes of it), or None
     when it needs the general fold: each insert or update opens a version that ends at the
     key's next change; a key's first change ends the target's current version. Without a
     key, each insert is a version that never ends."""
-    if (inserts := _inserts_without_key(rows)) is not None:
-        count = len(inserts.lsns)
-        never = _sequences(
-            np.zeros(count, np.int64), np.zeros(count, np.int64), np.zeros(count, bool)
-        )
-        none = _sequences(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return BulkHistory(
-            inserts.shape,
-            inserts.values,
-            count,
-            inserts.starts,
-            never,
-            {},
-            none,
-            0,
-            True,
-            inserts.lsns,
-        )
-    plain = _plain(rows)
-    if plain is None:
+    r = _rows_of(rows)
+    if r is None:
         return None
-    keys, names = plain.shape.key_names, plain.names
-    n = rows.num_rows
-    order = plain.order
-    ops = pc.take(rows.column("op"), order).to_numpy(zero_copy_only=False)
-    lsns = pc.take(rows.column("commit_lsn"), order).to_numpy()
-    ordinals = pc.take(rows.column("ordinal"), order).to_numpy()
+    shape, names, keys = r.shape, r.names, r.shape.key_names
+    order = r.sequence_order()
+    n = len(order)
+    ops, lsns, ordinals = r.ops[order], r.commit_lsn[order], r.ordinal[order]
+    if not keys:  # inserts into a table without a key: versions that never end
+        never = _sequences(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
+        none = _sequences(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        values = r.values(names, order, None)
+        starts = _sequences(lsns, ordinals)
+        changes = r.lsn.take(order)
+        first = changes[0].as_py()
+        return BulkHistory(shape, values, n, starts, never, {}, none, 0, True, changes, {}, first)
     keyed = pa.table(
         {
-            **{f"k{i}": pc.take(plain.keys[k], order) for i, k in enumerate(keys)},
+            **{f"k{i}": r.keys[k].take(order) for i, k in enumerate(keys)},
             _INDEX: pa.array(np.arange(n)),
         }
     )
@@ -358,63 +417,55 @@ def bulk_history(rows: pa.Table) -> BulkHistory | None:
     following = np.full(n, -1)
     following[at[:-1][same]] = at[1:][same]
     first = at[np.concatenate([[True], ~same])]
-    opens = np.flatnonzero(ops != "delete")
+    opens = np.flatnonzero(ops != OP_DELETE)
     nxt = following[opens]
     has_end = nxt >= 0
     nxt = np.where(has_end, nxt, 0)
     missing: dict[str, np.ndarray] = {}
-    versions: dict[str, pa.Array] | None
-    if plain.unchanged:
+    if r.unchanged:
         starts = np.concatenate([[True], ~same])
-        versions, missing = _versions_known(
-            pc.take(rows.column("after"), order), names, ops, at, starts, opens
-        )
+        versions, missing = _versions_known(r, order, ops, at, starts, opens)
     else:
-        versions = _columns(pc.take(rows.column("after"), pc.take(order, pa.array(opens))), names)
-    if versions is None:
-        return None
-    version_lsns = pc.take(rows.column("lsn"), pc.take(order, pa.array(opens))).combine_chunks()
-    closes = {k: pc.take(plain.keys[k], pc.take(order, pa.array(first))) for k in keys}
+        versions = r.values(names, order[opens], None)
     return BulkHistory(
-        plain.shape,
+        shape,
         versions,
         len(opens),
         _sequences(lsns[opens], ordinals[opens]),
         _sequences(lsns[nxt], ordinals[nxt], has_end),
-        {k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v for k, v in closes.items()},
+        {k: r.keys[k].take(order[first]) for k in keys},
         _sequences(lsns[first], ordinals[first]),
-        int((ops == "delete").sum()),
-        bool((ops[first] == "insert").all()),
-        version_lsns,
+        int((ops == OP_DELETE).sum()),
+        bool((ops[first] == OP_INSERT).all()),
+        r.lsn.take(order[opens]),
         missing,
+        r.lsn[0].as_py(),
     )
 
 
 def _versions_known(
-    after: pa.ChunkedArray | pa.Array,
-    names: tuple[str, ...],
+    r: _Rows,
+    order: np.ndarray,
     ops: np.ndarray,
     by_key: np.ndarray,
     starts: np.ndarray,
     opens: np.ndarray,
 ) -> tuple[dict[str, pa.Array], dict[str, np.ndarray]]:
-    """The versions' values (rows at `opens`; all in sequence order) where an unchanged
-    TOAST value is the key's latest earlier one in the batch (null after a delete, as the
-    general fold has it), and per column the versions the batch holds no value for (the
-    target's current version has it). `by_key`: the rows by key, then sequence; `starts`:
-    where each key's rows start in it."""
+    """The versions' values (rows at `opens`; `ops` and positions in sequence order, `order`
+    the row numbers in it) where an unchanged TOAST value is the key's latest earlier one in
+    the batch (null after a delete, as the general fold has it), and per column the versions
+    the batch holds no value for (the target's current version has it). `by_key`: the
+    positions by key, then sequence; `starts`: where each key's rows start in it."""
     count = len(ops)
-    values, absent = _sparse_columns(after, names)
-    deletes = ops == "delete"
+    deletes = ops == OP_DELETE
     positions = np.arange(count)
     group_start = np.maximum.accumulate(np.where(starts, positions, 0))
-    chosen = pa.array(opens)
-    versions: dict[str, pa.Array] = {}
+    versions = r.values(tuple(n for n in r.names if n not in r.unchanged), order[opens], None)
     missing: dict[str, np.ndarray] = {}
-    for name in names:
-        lacking = absent.get(name)
-        if lacking is None or not lacking[opens].any():
-            versions[name] = values[name].take(chosen)
+    for name, unchanged in r.unchanged.items():
+        lacking = unchanged[order]
+        if not lacking[opens].any():
+            versions[name] = r.values((name,), order[opens], None)[name]
             continue
         carries = (~lacking | deletes)[by_key]
         latest = np.maximum.accumulate(np.where(carries, positions, -1))  # at or before
@@ -423,7 +474,7 @@ def _versions_known(
         take = np.where(lacking, source, positions)[opens]
         none = take < 0
         null = none | deletes[np.maximum(take, 0)]
-        versions[name] = values[name].take(pa.array(np.maximum(take, 0), mask=null))
+        versions[name] = r.values((name,), order[np.maximum(take, 0)], null)[name]
         if none.any():
             missing[name] = none
-    return versions, missing
+    return {name: versions[name] for name in r.names}, missing

@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ColumnInfo, Shape
+from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, ChangeBatch, ColumnInfo, Shape
 from pgcdc.errors import TargetError
 from pgcdc.protocol import Relation
 from pgcdc.targets._arrow import ACTION, conform, same_schema
@@ -83,6 +83,7 @@ from pgcdc.targets._meta import (
     recorded,
     recorded_columns,
     recorded_keys,
+    unapplied,
 )
 from pgcdc.targets._mor import logical_row_count
 from pgcdc.targets._resync import Reconciler
@@ -197,46 +198,46 @@ class DeltaTarget(Target):
 
     # --- apply -------------------------------------------------------------------------
 
-    def apply(self, rows: pa.Table) -> ApplyResult:
-        """Applies one batch of envelope rows of one source table (any order).
+    def apply(self, rows: pa.Table | ChangeBatch) -> ApplyResult:
+        """Applies one batch of one source table (envelope rows, or a `ChangeBatch`; any
+        order).
 
         Rows at or below the watermark are skipped; the rest are written with the new
         watermark in the same (last) commit. A batch that raises writes nothing."""
         started = time.perf_counter()
         table = self.io.open()
         watermark = None if table is None else self.io.watermark(table, self.app_id)
+        last = last_commit(table, self.path)
+        partial = partial_seq(last, self.app_id, watermark)
+        if isinstance(rows, ChangeBatch):
+            first = rows.first_commit_lsn
+            replay = watermark is not None and first is not None and first <= watermark
+            if replay or partial is not None or self.mode == "changelog":
+                rows = rows.envelope()  # (what a replay skips is filtered there)
         total = rows.num_rows
-        if watermark is not None and total:
-            lsns = rows.column("commit_lsn")
-            if pc.min(lsns).as_py() <= watermark:  # (a filter copies every column)
-                rows = rows.filter(pc.greater(lsns, pa.scalar(watermark)))
+        if isinstance(rows, pa.Table):
+            rows = unapplied(rows, watermark, partial)
         skipped = total - rows.num_rows
         if rows.num_rows == 0:
             return ApplyResult(0, skipped, 0, 0, watermark, None)
-        last = last_commit(table, self.path)
-        if (partial := partial_seq(last, self.app_id, watermark)) is not None:
-            lsn, ordinal = partial  # a crash came between the commits of a batch
-            lsns, ordinals = rows.column("commit_lsn"), rows.column("ordinal")
-            done = pc.or_(
-                pc.less(lsns, lsn), pc.and_(pc.equal(lsns, lsn), pc.less_equal(ordinals, ordinal))
-            )
-            rows = rows.filter(pc.invert(done))
-            skipped = total - rows.num_rows
-            if rows.num_rows == 0:
-                return ApplyResult(0, skipped, 0, 0, watermark, None)
-        high = pc.max(rows.column("commit_lsn")).as_py()
+        high = (
+            rows.last_commit_lsn
+            if isinstance(rows, ChangeBatch)
+            else pc.max(rows.column("commit_lsn")).as_py()
+        )
         typing = BatchTyping(self.registry, self.options, self.mode, self.fills)
         if self.mode == "changelog":
+            assert isinstance(rows, pa.Table)
             commit = CommitProperties(
                 app_transactions=[Transaction(self.app_id, high)],
                 custom_metadata=_last_columns(rows),
             )
             upserts, deletes, version, writing = self._append(table, rows, commit)
         elif (bulk := self._bulk(rows)) is not None:
-            upserts, deletes, version, writing = self._apply_bulk(
-                typing, table, bulk, rows, high, last
-            )
+            upserts, deletes, version, writing = self._apply_bulk(typing, table, bulk, high, last)
         else:
+            if isinstance(rows, ChangeBatch):
+                rows = rows.envelope()
             changes = changes_from_envelope(rows)
             if not changes:  # only logical messages: nothing to write
                 return ApplyResult(0, skipped, 0, 0, watermark, None)
@@ -340,7 +341,7 @@ class DeltaTarget(Target):
                 self.io.mark(table, commit)
         return upserts, deletes, table.version(), writing
 
-    def _bulk(self, rows: pa.Table) -> BulkMirror | BulkHistory | None:
+    def _bulk(self, rows: pa.Table | ChangeBatch) -> BulkMirror | BulkHistory | None:
         if self.mode == "mirror":
             return bulk_mirror(rows)
         return bulk_history(rows) if self.mode == "history" else None
@@ -350,14 +351,13 @@ class DeltaTarget(Target):
         typing: BatchTyping,
         table: DeltaTable | None,
         bulk: BulkMirror | BulkHistory,
-        rows: pa.Table,
         high: int,
         last: dict[str, Any],
     ) -> tuple[int, int, int, float]:
         """A batch folded in Arrow (`pgcdc.targets.bulk`): typed a column at a time, one
         MERGE (or an append)."""
         shape = bulk.shape
-        first = Change((0, 0), "insert", shape, None, None, None, (), rows.column("lsn")[0].as_py())
+        first = Change((0, 0), "insert", shape, None, None, None, (), bulk.first_lsn)
         table, _, _, evolution, before, source = self._prepare(typing, table, [first], last)
         schema = evolution.schema
         commit = batch_commit(self.app_id, high, shape)

@@ -6,10 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgcdc.envelope import ENVELOPE_ARROW_SCHEMA, EnvelopeBuilder, key_pairs, row_pairs
+from pgcdc.envelope import (
+    ENVELOPE_ARROW_SCHEMA,
+    ChangeBatch,
+    EnvelopeBuilder,
+    Shape,
+    key_pairs,
+    row_pairs,
+)
+from pgcdc.errors import ValueDecodeError
 from pgcdc.protocol import Column, Delete, Insert, Relation, TupleData, Update
 
 KINDS = b"tnu"
@@ -120,3 +129,86 @@ def test_every_column_follows_the_image_rule(rows: list[tuple[Any, ...]], flush_
             else [c.name for c, k in zip(rel.columns, new.kinds, strict=True) if k == ord("u")]
         )
         assert row["unchanged_toast"] == unchanged
+
+
+def _build(rows: list[tuple[Any, ...]], flush_at: int) -> ChangeBatch:
+    builder = EnvelopeBuilder()
+    builder.begin(0x1000, 77, 1_000_000, None)
+    parts = []
+    for i, (op, ordinal, rel, new, old, old_kind) in enumerate(rows):
+        if i == 3:
+            builder.begin(0x2000, 78, 2_000_000, None)
+        if op == "truncate":
+            builder.truncate(ordinal, rel, True, False, 0x900 + i)
+        elif op == "message":
+            builder.message(ordinal, "p", b"x", True, 0x900 + i)
+        elif op == "insert":
+            builder.change(ordinal, Insert(rel.relid, new), rel, 0x900 + i)
+        elif op == "update":
+            builder.change(ordinal, Update(rel.relid, old_kind, old, new), rel, 0x900 + i)
+        else:
+            builder.change(ordinal, Delete(rel.relid, old_kind, old), rel, 0x900 + i)
+        if i == flush_at:
+            parts.append(builder.flush_rows())
+    parts.append(builder.flush_rows())
+    return ChangeBatch(parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes(), st.integers(0, 3))
+def test_a_change_batch_holds_the_rows_per_shape(
+    rows: list[tuple[Any, ...]], flush_at: int
+) -> None:
+    """The spool's view of a batch: per relation shape its rows, cell by cell as the server
+    sent them, in the order they came (across flushes, and a transaction that goes on after
+    one); None when a truncate or a message is among them. Its envelope is the builder's."""
+    batch = _build(rows, flush_at)
+    assert batch.num_rows == len(rows)
+    assert (batch.first_commit_lsn, batch.last_commit_lsn) == (
+        0x1000,
+        0x2000 if len(rows) > 3 else 0x1000,
+    )
+    assert batch.last_commit_time is not None and batch.last_commit_time.isoformat() == (
+        "2000-01-01T00:00:02+00:00" if len(rows) > 3 else "2000-01-01T00:00:01+00:00"
+    )
+    assert batch.envelope().column("ordinal").to_pylist() == [r[1] for r in rows]
+    shapes = batch.shape_rows()
+    if any(r[0] in ("truncate", "message") for r in rows):
+        assert shapes is None
+        return
+    assert shapes is not None
+    expected: dict[Shape, list[tuple[Any, ...]]] = {}
+    for i, row in enumerate(rows):
+        expected.setdefault(Shape.of(row[2]), []).append((i, *row))
+    assert [s.shape for s in shapes] == list(expected)
+    codes = {"insert": 0, "update": 1, "delete": 2}
+    for one in shapes:
+        ncols = len(one.shape.columns)
+        got_values = one.new_values.to_pylist()
+        old_values = one.old_values.to_pylist()
+        assert len(one) == len(expected[one.shape])
+        for at, (i, op, ordinal, _, new, old, old_kind) in enumerate(expected[one.shape]):
+            assert one.op[at] == codes[op] and one.ordinal[at] == ordinal
+            assert one.lsn[at] == 0x900 + i
+            assert one.commit_lsn[at] == (0x1000 if i < 3 else 0x2000)
+            assert one.old_kind[at] == (0 if old_kind is None else ord(old_kind))
+            for kinds, values, image in (
+                (one.new_kinds, got_values, new),
+                (one.old_kinds, old_values, old),
+            ):
+                cells = values[at * ncols : (at + 1) * ncols]
+                if image is None:
+                    assert list(kinds[at]) == [0] * ncols and cells == [None] * ncols
+                    continue
+                assert bytes(kinds[at]) == image.kinds
+                assert cells == [None if v is None else v.decode() for v in image.values]
+
+
+def test_a_value_that_is_not_utf8_names_its_table() -> None:
+    rel = relation(7, 2, {0}, "d")
+    builder = EnvelopeBuilder()
+    builder.begin(0x1000, 1, None, None)
+    builder.change(1, Insert(7, TupleData(b"tt", (b"1", b"\xff"))), rel, 0x900)
+    batch = ChangeBatch([builder.flush_rows()])
+    with pytest.raises(ValueDecodeError, match=r"public\.t7: a value is not UTF-8"):
+        batch.shape_rows()

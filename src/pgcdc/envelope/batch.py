@@ -53,11 +53,12 @@ def cell_values(kinds: np.ndarray, offsets: bytes, values: bytes, table: str) ->
 
 @dataclass(frozen=True, slots=True)
 class ShapeRows:
-    """One relation shape's inserts, updates and deletes, in the order they came: per row
-    its commit LSN, ordinal, LSN (0: not known), operation (`pgcdc.protocol.columns`'
-    ``OP_*``) and old tuple's kind (``K``, ``O`` or 0); per tuple side a (rows, ncols) matrix
-    of cell kinds (0 where the row has no such tuple) and the cells' text, row-major
-    (`cell_values`)."""
+    """One relation shape's inserts, updates and deletes (not in the order they came when
+    several Relation messages described the shape; their (commit LSN, ordinal) orders
+    them): per row its commit LSN, ordinal, LSN (0: not known), operation
+    (`pgcdc.protocol.columns`' ``OP_*``) and old tuple's kind (``K``, ``O`` or 0); per tuple
+    side a (rows, ncols) matrix of cell kinds (0 where the row has no such tuple) and the
+    cells' text, row-major (`cell_values`)."""
 
     shape: Shape
     commit_lsn: np.ndarray

@@ -223,8 +223,10 @@ class FlushedRows:
 
     @property
     def commit_lsns(self) -> tuple[int, int]:
-        """The lowest and highest commit LSN of the rows (transactions come in order)."""
-        return self.txns[0].commit_lsn, self.txns[-1].commit_lsn
+        """The lowest and highest commit LSN of the rows (the ranges of a partitioned
+        table's leaves come one after the other: not in commit order)."""
+        lsns = [t.commit_lsn for t in self.txns]
+        return min(lsns), max(lsns)
 
     @property
     def last_commit_time(self) -> datetime | None:

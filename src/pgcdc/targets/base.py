@@ -121,8 +121,8 @@ class Target(ABC):
     @abstractmethod
     def apply(self, rows: pa.Table | ChangeBatch) -> ApplyResult:
         """Apply a batch of the source table (envelope rows, or a `ChangeBatch`: whole
-        transactions, any order); rows at or below the watermark are skipped. A batch that raises writes
-        nothing that a replay would not write again."""
+        transactions, any order); rows at or below the watermark are skipped. A batch that
+        raises writes nothing that a replay would not write again."""
 
     @abstractmethod
     def write_chunk(self, rows: pa.Table, chunk: str, point: int, position: int) -> None:

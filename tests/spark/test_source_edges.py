@@ -523,6 +523,35 @@ def test_a_table_out_and_back_while_it_is_resynchronized(
     assert_identical(pg, config)
 
 
+def test_a_column_replaced_before_a_resync_is_reconciled(
+    spark: Any, pg_one: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column dropped and added again under its name after a resynchronization's copy was
+    taken, before its targets are reconciled with it: the targets record the columns the
+    copy holds (the old column's), not the catalog's by then, so the next change, made
+    under the new column, replaces the old one's values (a fault injection found the old
+    values kept: the targets had recorded the new column)."""
+    from pgcdc.pipeline._copy import InitialCopy
+
+    pg = pg_one
+    config, pub = _copied(spark, pg, tmp_path)
+    reconcile = InitialCopy._reconcile
+
+    def replaced_first(self: InitialCopy, table: str, point: Any, **kwargs: Any) -> None:
+        pg.execute("ALTER TABLE p DROP COLUMN v, ADD COLUMN v text")
+        reconcile(self, table, point, **kwargs)
+
+    pg.execute(f"ALTER PUBLICATION {pub} DROP TABLE p")
+    pg.execute("UPDATE p SET v = 'while out' WHERE id <= 3")
+    pg.execute(f"ALTER PUBLICATION {pub} ADD TABLE p")
+    with monkeypatch.context() as patched:
+        patched.setattr(InitialCopy, "_reconcile", replaced_first)
+        run_pipeline(spark, config)  # the table resynchronized
+    pg.execute("UPDATE p SET v = 'after' WHERE id = 1")
+    run_pipeline(spark, config)
+    assert_identical(pg, config)
+
+
 def test_ddl_that_came_before_it_is_visible(
     spark: Any, pg_one: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -419,11 +419,16 @@ class InitialCopy:
         return point, copied
 
     def _reconcile(self, table: str, point: Lsn, *, keep_missing: bool = False) -> None:
-        """Each target of `table` made equal to its staged copy at `point`."""
-        rows = self._staging(table).to_arrow()
-        source = catalog_relation(self.conninfo, self._source(table), self.publications)
-        keys = [c.name for c in source.relation.columns if c.is_key]
-        columns = Shape.of(source.relation, source.attnums).columns
+        """Each target of `table` made equal to its staged copy at `point`, under the columns
+        the copy was made with (the source's may have changed since: a column dropped and
+        added again under its name is another column, whose values the copy does not hold)."""
+        staging = self._staging(table)
+        rows = staging.to_arrow()
+        columns = staging.recorded_columns()
+        if columns is None:  # (a staged copy from before pgcdc recorded them)
+            source = catalog_relation(self.conninfo, self._source(table), self.publications)
+            columns = Shape.of(source.relation, source.attnums).columns
+        keys = [c.name for c in columns if c.key]
         if any(t.mode == "changelog" for t in self.targets[table]):
             log.warning(
                 "%s: its change log gets no changes for what happened while they could not "

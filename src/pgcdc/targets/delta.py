@@ -551,7 +551,11 @@ class DeltaTarget(Target):
 
     def recorded_columns(self) -> tuple[ColumnInfo, ...] | None:
         table = self.io.open()
-        return None if table is None else recorded(last_commit(table, self.path))
+        if table is None:
+            return None
+        return recorded(last_commit(table, self.path)) or recorded(
+            {COLUMNS: latest_columns(table)}  # a copy's, before its chunks
+        )
 
     def state(self) -> TargetState:
         table = self.io.open()

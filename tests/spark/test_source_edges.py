@@ -523,14 +523,24 @@ def test_a_table_out_and_back_while_it_is_resynchronized(
     assert_identical(pg, config)
 
 
-def test_a_column_replaced_before_a_resync_is_reconciled(
-    spark: Any, pg_one: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE p DROP COLUMN v, ADD COLUMN v text",
+        "ALTER TABLE p RENAME COLUMN v TO w; ALTER TABLE p ADD COLUMN v text",
+        "ALTER TABLE p ADD COLUMN n int DEFAULT 7",
+    ],
+    ids=["replaced", "renamed-and-replaced", "added"],
+)
+def test_a_column_changed_before_a_resync_is_reconciled(
+    spark: Any, pg_one: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ddl: str
 ) -> None:
-    """A column dropped and added again under its name after a resynchronization's copy was
-    taken, before its targets are reconciled with it: the targets record the columns the
-    copy holds (the old column's), not the catalog's by then, so the next change, made
-    under the new column, replaces the old one's values (a fault injection found the old
-    values kept: the targets had recorded the new column)."""
+    """DDL after a resynchronization's copy was taken, before its targets are reconciled
+    with it: the targets record the columns the copy holds, not the catalog's by then, so
+    the next change, made under the new columns, brings the targets to them (a column
+    dropped and added again under its name: its old values go; renamed: its values follow
+    it; added: its default in every row). A fault injection found a replaced column's old
+    values kept: the targets had recorded the new column over them."""
     from pgcdc.pipeline._copy import InitialCopy
 
     pg = pg_one
@@ -538,7 +548,7 @@ def test_a_column_replaced_before_a_resync_is_reconciled(
     reconcile = InitialCopy._reconcile
 
     def replaced_first(self: InitialCopy, table: str, point: Any, **kwargs: Any) -> None:
-        pg.execute("ALTER TABLE p DROP COLUMN v, ADD COLUMN v text")
+        pg.execute(ddl)
         reconcile(self, table, point, **kwargs)
 
     pg.execute(f"ALTER PUBLICATION {pub} DROP TABLE p")

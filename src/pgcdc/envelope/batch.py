@@ -108,11 +108,15 @@ class ChangeBatch:
     parts: Sequence[FlushedRows]
     _envelope: pa.Table | None = field(default=None, repr=False)
     _shapes: list[ShapeRows] | None = field(default=None, repr=False)
-    _shapes_made: bool = field(default=False, repr=False)
 
     @property
     def num_rows(self) -> int:
         return sum(p.rows for p in self.parts)
+
+    @property
+    def row_changes_only(self) -> bool:
+        """Whether every row is an insert, update or delete (no truncation, no message)."""
+        return not any(p.others for p in self.parts)
 
     @property
     def first_commit_lsn(self) -> int | None:
@@ -141,14 +145,10 @@ class ChangeBatch:
     def shape_rows(self) -> list[ShapeRows] | None:
         """The row changes per relation shape (in the order the shapes first came), or None
         when the batch holds other rows too (truncations, messages)."""
-        if not self._shapes_made:
-            self._shapes_made = True
+        if self._shapes is None and self.row_changes_only:
             by_shape: dict[Shape, list[ShapeRows]] = {}
             for part in self.parts:
-                rows = part.shape_rows()
-                if rows is None:
-                    return None
-                for one in rows:
+                for one in part.shape_rows() or ():
                     by_shape.setdefault(one.shape, []).append(one)
             self._shapes = [ShapeRows.concat(same) for same in by_shape.values()]
         return self._shapes

@@ -198,7 +198,7 @@ def _apply(work: TableWork) -> TableOutcome:
         if work.pending:
             _log(work, batch, outcome)
         else:
-            if batch.shape_rows() is None:  # truncations among the rows
+            if not batch.row_changes_only:  # truncations among the rows, perhaps
                 _check_truncates(work, batch.envelope())
             registry = work.types.registry()
             for spec in work.targets:

@@ -169,14 +169,12 @@ def _shape_rows(rows: ShapeRows) -> _Rows | None:
             return None
         cells = np.arange(count) * ncols
         has_old = rows.old_kind != 0
-        both = pa.concat_arrays([rows.new_values, rows.old_values])
+        moved = has_old & (ops == OP_UPDATE)
         for j in key_at:
             new, old = rows.new_values.take(cells + j), rows.old_values.take(cells + j)
-            moved = has_old & (ops == OP_UPDATE)
             if moved.any() and pc.any(pc.not_equal(new.filter(moved), old.filter(moved))).as_py():
                 return None  # a key change needs the general fold
-            at = np.where(has_old, cells + j + len(rows.new_values), cells + j)
-            keys[shape.columns[j].name] = both.take(at)
+            keys[shape.columns[j].name] = pc.if_else(pa.array(has_old), old, new)
     names = tuple(c.name for c in shape.columns)
     unchanged = {
         names[j]: unchanged_cells[:, j] for j in range(ncols) if unchanged_cells[:, j].any()

@@ -386,9 +386,7 @@ class TransactionAssembler:
             raw = message.message
             action = _ACTIONS[message.code]
             change = _make_change(action, relation, None, None, None, lsn, message.xid, raw)
-            self._entry(_CHANGE, change, message.xid, 100 + len(raw))
-            return
-        if type(message) is Insert:
+        elif type(message) is Insert:
             change = Change(ChangeAction.INSERT, relation, message.new, lsn=lsn, subxid=message.xid)
         elif type(message) is Update:
             change = Change(
@@ -411,7 +409,12 @@ class TransactionAssembler:
                 lsn,
                 delete.xid,
             )
-        self._entry(_CHANGE, change, message.xid, _change_size(message))
+        opened = self._open
+        if self._in_block is None and opened is not None and opened.fate is Fate.DELIVER:
+            # the hot path: a change of a transaction whose begin callback ran
+            self._deliver_change(opened.txn, change, streamed=False)
+        else:
+            self._entry(_CHANGE, change, message.xid, _change_size(message))
 
     def _truncate(self, message: Truncate, lsn: Lsn | None) -> None:
         truncation = Truncation(
@@ -457,18 +460,13 @@ class TransactionAssembler:
 
     def _deliver(self, txn: Transaction, kind: str, entry: object, streamed: bool) -> None:
         """Call the plugin for one entry of `txn`."""
-        plugin, ctx = self.plugin, self.ctx
-        ctx.write_xid = txn.xid
         if kind == _CHANGE:
             assert isinstance(entry, Change)
-            ctx.write_location = entry.lsn
-            txn.nentries += 1
-            self.stats.changes += 1
-            if streamed:
-                plugin.stream_change(ctx, txn, entry.relation, entry)
-            else:
-                plugin.change(ctx, txn, entry.relation, entry)
-        elif kind == _TRUNCATE:
+            self._deliver_change(txn, entry, streamed)
+            return
+        plugin, ctx = self.plugin, self.ctx
+        ctx.write_xid = txn.xid
+        if kind == _TRUNCATE:
             assert isinstance(entry, Truncation)
             name = "stream_truncate" if streamed else "truncate"
             if not self.caps.has(name):
@@ -483,6 +481,17 @@ class TransactionAssembler:
             if self.caps.has(name):
                 ctx.write_location = entry.lsn
                 getattr(plugin, name)(ctx, txn, entry.lsn, True, entry.prefix, entry.content)
+
+    def _deliver_change(self, txn: Transaction, change: Change, streamed: bool) -> None:
+        ctx = self.ctx
+        ctx.write_xid = txn.xid
+        ctx.write_location = change.lsn
+        txn.nentries += 1
+        self.stats.changes += 1
+        if streamed:
+            self.plugin.stream_change(ctx, txn, change.relation, change)
+        else:
+            self.plugin.change(ctx, txn, change.relation, change)
 
     def _replay(self, txn: Transaction, buffer: SpillBuffer, prepared: bool) -> None:
         """Deliver a buffered transaction as an ordinary (or prepared) one, up to its end."""
@@ -618,6 +627,8 @@ class TransactionAssembler:
 
 def _change_size(message: Insert | Update | Delete | UndecodedChange) -> int:
     """Approximate memory of a buffered change: Python objects plus the values."""
+    if type(message) is UndecodedChange:
+        return 100 + len(message.message)
     size = 200
     for row in (getattr(message, "old", None), getattr(message, "new", None)):
         if row is not None:

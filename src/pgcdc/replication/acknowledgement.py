@@ -347,6 +347,7 @@ class Acknowledgement:
         change, so a change after them is bound to what they said. Without them, it would be
         bound to an older description (a streamed transaction's, or the last session's)."""
         skipping = False
+        items = iter(items)
         for item in items:
             kind = type(item[1])
             if skipping:
@@ -354,9 +355,16 @@ class Acknowledgement:
                     yield item
                 skipping = kind is not Commit and kind is not Prepare
                 continue
-            if kind in _BOUNDARIES and self.already_delivered(item[1]):
-                skipping = kind is Begin or kind is BeginPrepare
-                continue
+            if kind in _BOUNDARIES:
+                if self.already_delivered(item[1]):
+                    skipping = kind is Begin or kind is BeginPrepare
+                    continue
+                if kind is Begin:
+                    # a transaction committed at or past the resume point: whatever follows
+                    # is decoded from further on (a held prepared one's BeginPrepare is not)
+                    yield item
+                    yield from items
+                    return
             yield item
 
 

@@ -205,8 +205,11 @@ class ReplicationClient:
                     attempts,
                 )
             lost_since, attempts, backoff = None, 0, 0.2
+            # `stop()` while the session opened; later ones set it themselves: the stream
+            # ends after the message they came during
+            stream.stop_requested = self._stop
             try:
-                yield from self._deliver(stream)
+                yield from self.acks.skip_delivered(stream)
                 return
             except ConnectionLost as exc:
                 self.stream = None
@@ -231,10 +234,3 @@ class ReplicationClient:
         if lost_since is None or self.reconnect_timeout is None:
             return None
         return max(0.0, self.reconnect_timeout - (time.monotonic() - lost_since))
-
-    def _deliver(self, stream: LogicalStream) -> Iterator[tuple[XLogData, PgoutputMessage]]:
-        """The stream's messages minus what the consumer already handled."""
-        for item in self.acks.skip_delivered(stream):
-            yield item
-            if self._stop:
-                return

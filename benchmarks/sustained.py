@@ -676,6 +676,8 @@ class StepResult:
     recv_walsender_cpu: float | None = None
     server_cpu: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    #: Per table: the seconds of its work summed over the step's batches.
+    table_seconds: dict[str, float] = field(default_factory=dict)
     batch_seconds: float = 0.0
     #: The step's slowest batches (what makes the latency's tail): seconds, changes, phases.
     slowest: list[dict[str, Any]] = field(default_factory=list)
@@ -842,6 +844,8 @@ class Bench:
         for batch in batches:
             for phase, value in batch.phases.items():
                 result.phases[phase] = result.phases.get(phase, 0.0) + value
+            for table, value in batch.tables.items():
+                result.table_seconds[table] = result.table_seconds.get(table, 0.0) + value
         result.slowest = [
             {"seconds": b.seconds, "changes": b.changes, "phases": b.phases, "tables": b.tables}
             for b in sorted(batches, key=lambda b: b.seconds, reverse=True)[:SLOWEST]
@@ -1078,6 +1082,9 @@ def print_step(result: StepResult) -> None:
             f"{r.changes / r.batches:,.0f} changes each"
             + (f"; phases summed: {phases}" if phases else "")
         )
+    if r.table_seconds:
+        tables = sorted(r.table_seconds.items(), key=lambda t: -t[1])
+        print("   tables, seconds summed: " + ", ".join(f"{t} {v:.2f}" for t, v in tables))
     lake = ", ".join(
         f"{m} {_mb(v)} MB (+{_mb(r.lake_growth.get(m, 0))}, "
         f"{_mb(int(r.lake_growth.get(m, 0) * 3600 / r.seconds))} MB/h)"

@@ -42,6 +42,7 @@ from pgcdc.targets._mor.decoded import DecodedColumns
 from pgcdc.targets._mor.format import (
     DeletionVector,
     DvFormatError,
+    _encode_buckets,
     decode,
     descriptor_rows,
     encode,
@@ -138,6 +139,7 @@ def test_roaring_round_trip(values: list[int]) -> None:
     rows = np.unique(np.array(values, np.uint64))
     data = encode(rows)
     assert decode(data).tolist() == rows.tolist()
+    assert data == _encode_buckets(rows)  # a single array container's shortcut: the same bytes
     assert decode(_run_container_bitmap(values)).tolist() == rows.tolist()
     # the 32-bit part holds arrays (<= 4,096 values) and 8 KiB bitmaps, nothing else
     assert len(data) <= 12 + 32 * len(np.unique(rows >> np.uint64(16))) + 2 * len(rows) + 16 * (
@@ -454,6 +456,20 @@ def test_columns_written_here_take_an_eighth_until_their_values_are_read() -> No
     assert decoded.nbytes <= decoded.budget
     decoded.budget = 5 * 800  # a smaller budget: written ones out first, then the oldest
     assert decoded.nbytes <= 5 * 800 and decoded.get("t", "w1", "id", pa.int64()) is small
+
+
+def test_a_column_whose_values_are_read_is_kept_in_one_chunk() -> None:
+    """A batch's columns come in parts; rows taken from several chunks would join them all
+    first, for each batch: the first read of values joins them once."""
+    decoded = DecodedColumns()
+    parts = pa.chunked_array(
+        [pa.array([f"v{i}" * 50 for i in range(j, j + 100)]) for j in (0, 100)]
+    )
+    decoded.put("t", "w", "s", parts, written=True)
+    assert decoded.get("t", "w", "s", pa.string(), values=False) is parts  # keys only: as is
+    joined = decoded.get("t", "w", "s", pa.string())
+    assert joined is not None and joined.num_chunks == 1 and joined.equals(parts)
+    assert decoded.get("t", "w", "s", pa.string()) is joined
 
 
 @pytest.mark.parametrize("budget", [64 << 20, 4 * 1000], ids=["kept", "too-large-to-keep"])

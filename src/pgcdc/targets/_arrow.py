@@ -46,7 +46,7 @@ def canonical(t: pa.DataType) -> pa.DataType:
 
 
 def same(a: pa.DataType, b: pa.DataType) -> bool:
-    return canonical(a).equals(canonical(b))
+    return a.equals(b) or canonical(a).equals(canonical(b))
 
 
 def widens(old: pa.DataType, new: pa.DataType) -> bool:

@@ -84,13 +84,17 @@ class DecodedColumns:
             if entry[0].type != kind:
                 self._drop(key)
                 return None
+            column = entry[0]
+            if values and column.num_chunks > 1:
+                column = _one_chunk(column)
             if part is self._written and values:
                 self._drop(key)
-                self._add(key, entry[0], entry[1], written=False)
+                self._add(key, column, entry[1], written=False)
                 self._shrink()
             else:
+                part[key] = (column, entry[1])
                 part.move_to_end(key)
-            return entry[0]
+            return column
 
     def fits(self, parquet: pq.ParquetFile, names: Collection[str]) -> bool:
         """Whether columns `names` of a file, decoded, are small enough to keep (their
@@ -156,6 +160,15 @@ class DecodedColumns:
             del files[path]
             if not files:
                 del self._files[table_dir]
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The column in one chunk, when its values fit one (Arrow's `take` from several chunks
+    joins them first: a copy of the whole column for each batch's few rows)."""
+    try:
+        return pa.chunked_array([column.combine_chunks()], column.type)
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # over 2 GB of string values
+        return column
 
 
 _SHARED = DecodedColumns()

@@ -149,9 +149,22 @@ def _roaring32(low: npt.NDArray[np.uint32]) -> bytes:
     return b"".join([header, descriptive.tobytes(), offsets.astype("<u4").tobytes(), *payloads])
 
 
+#: A DV of one array container in bucket 0 (the rows of a file under 65,536 rows, at most
+#: 4,096 of them deleted: most DVs): magic, one bucket, its high bits, then the 32-bit
+#: bitmap's cookie, one container, its high bits and count - 1, its offset; the values follow.
+_ONE_ARRAY = struct.Struct("<IQIIIHHI")
+
+
 def encode(rows: Rows) -> bytes:
     """The serialized DV (magic number and 64-bit portable RoaringBitmap) of `rows`."""
     rows = sorted_rows(rows)
+    if 0 < rows.size <= _ARRAY_MAX and int(rows[-1]) < 1 << 16:
+        head = _ONE_ARRAY.pack(MAGIC, 1, 0, _NO_RUNS, 1, 0, rows.size - 1, 16)
+        return head + rows.astype("<u2").tobytes()
+    return _encode_buckets(rows)
+
+
+def _encode_buckets(rows: Rows) -> bytes:
     highs = (rows >> np.uint64(32)).astype(np.uint32)
     starts: list[int] = (
         np.flatnonzero(np.r_[True, highs[1:] != highs[:-1]]).tolist() if rows.size else []

@@ -46,6 +46,7 @@ from pgcdc.targets._mor.format import (
     decode,
     descriptor_rows,
     encode,
+    unique_id,
     write_dv_file,
     z85_decode,
     z85_encode,
@@ -145,6 +146,16 @@ def test_roaring_round_trip(values: list[int]) -> None:
     assert len(data) <= 12 + 32 * len(np.unique(rows >> np.uint64(16))) + 2 * len(rows) + 16 * (
         len(np.unique(rows >> np.uint64(32)))
     ) + 8192 * len(np.unique(rows >> np.uint64(16)))
+
+
+def test_a_descriptors_unique_id_is_the_same_read_whole_or_not() -> None:
+    for dv in (
+        DeletionVector("u", "ab^cd", 34, 3, offset=1),
+        DeletionVector("u", "ab^cd", 34, 3, offset=977),
+        DeletionVector("i", "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L", 40, 6),
+    ):
+        assert unique_id(dv.to_action()) == dv.unique_id
+        assert DeletionVector.from_action(dv.to_action()) == dv
 
 
 @settings(max_examples=60, deadline=None)

@@ -42,6 +42,7 @@ __all__ = [
     "no_rows",
     "sorted_rows",
     "union",
+    "unique_id",
     "write_dv_file",
     "z85_decode",
     "z85_encode",
@@ -306,6 +307,12 @@ class DeletionVector:
             raise DvFormatError(f"deletion vector storage type {self.storage_type!r}")
         prefix, encoded = self.path_or_inline_dv[:-20], self.path_or_inline_dv[-20:]
         return os.path.join(table_dir, prefix, dv_file_name(uuid.UUID(bytes=z85_decode(encoded))))
+
+
+def unique_id(action: dict[str, Any]) -> str:
+    """`DeletionVector.unique_id` of a log's DV descriptor, without reading it whole."""
+    offset = action.get("offset")
+    return str(action["pathOrInlineDv"]) + ("" if offset is None else f"@{int(offset)}")
 
 
 def dv_file_name(uid: uuid.UUID) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from pgcdc.targets._mor.format import DeletionVector
+from pgcdc.targets._mor.format import unique_id
 
 __all__ = ["LogGap", "LogState", "commit_path", "read_commit", "tombstone_key"]
 
@@ -68,7 +68,7 @@ def update(table: DeltaTable, log_dir: str | None) -> None:
 
 def tombstone_key(remove: dict[str, Any]) -> tuple[str, str]:
     dv = remove.get("deletionVector")
-    return remove["path"], "" if not dv else DeletionVector.from_action(dv).unique_id
+    return remove["path"], "" if not dv else unique_id(dv)
 
 
 def _plain(value: Any) -> Any:

@@ -19,7 +19,13 @@ from deltalake import DeltaTable, QueryBuilder
 
 from pgcdc.errors import TargetError
 from pgcdc.targets._mor.decoded import DecodedColumns, decoded_columns
-from pgcdc.targets._mor.format import DeletionVector, Rows, descriptor_rows, no_rows
+from pgcdc.targets._mor.format import (
+    DeletionVector,
+    Rows,
+    descriptor_rows,
+    no_rows,
+    unique_id,
+)
 from pgcdc.targets._mor.log import LogGap, LogState, update
 
 __all__ = [
@@ -158,6 +164,9 @@ class MergeOnReadTable:
             raise DeletionVectorsUnsupported(f"{table.table_uri}: {problem}")
         self.state = LogState.read(self.table_dir, table.version())
         self._deleted: dict[str, Rows] = {}  # DV unique id -> its rows
+        #: Live file -> its rows: files never change, and a batch asks for every file it
+        #: touches (each answer would parse the file's statistics again).
+        self._records: dict[str, int] = {}
         self._decoded = decoded_columns() if decoded is None else decoded
         self._schema: tuple[int, pa.Schema] | None = None  # (version, its schema)
 
@@ -196,12 +205,14 @@ class MergeOnReadTable:
 
     def deleted_rows(self, path: str) -> Rows:
         """The rows of live file `path` its deletion vector marks deleted."""
-        dv = self.deletion_vector(path)
-        if dv is None:
+        action = self.state.adds[path].get("deletionVector")
+        if not action:
             return no_rows()
-        rows = self._deleted.get(dv.unique_id)
+        key = unique_id(action)
+        rows = self._deleted.get(key)
         if rows is None:
-            rows = self._deleted[dv.unique_id] = descriptor_rows(self.table_dir, dv)
+            dv = DeletionVector.from_action(action)
+            rows = self._deleted[key] = descriptor_rows(self.table_dir, dv)
         return rows
 
     def remember_deleted(self, dv: DeletionVector, rows: Rows) -> None:
@@ -216,15 +227,22 @@ class MergeOnReadTable:
 
     def forget_deleted(self) -> None:
         """Drops cached DVs no live file uses, and the columns of files no longer live."""
-        live = {dv.unique_id for p in self.state.adds if (dv := self.deletion_vector(p))}
+        live = {
+            unique_id(dv) for add in self.state.adds.values() if (dv := add.get("deletionVector"))
+        }
         for key in [k for k in self._deleted if k not in live]:
             del self._deleted[key]
+        for path in [p for p in self._records if p not in self.state.adds]:
+            del self._records[path]
         self._decoded.forget(self.table_dir, self.state.adds)
 
     def num_records(self, path: str) -> int:
         """The rows of live file `path` (deleted ones included): its statistics, else its
         Parquet footer."""
-        return _num_records(self.table_dir, self.state.adds[path])
+        count = self._records.get(path)
+        if count is None:
+            count = self._records[path] = _num_records(self.table_dir, self.state.adds[path])
+        return count
 
     def live_rows(self) -> int:
         """The rows a reader sees: every live file's rows less its DV's cardinality."""

@@ -51,27 +51,71 @@ def tree_cpu(root: int, exclude: tuple[int | None, ...] = ()) -> float:
     """User + system seconds of `root` and every live descendant, each with its reaped
     children, except the subtrees of `exclude`: the JVM, the data source process and Python
     workers under this process, without the PostgreSQL server (also our child)."""
-    stats: dict[int, tuple[int, float]] = {}
+    return sum(_tree(root, exclude).values())
+
+
+def _tree(
+    root: int, exclude: tuple[int | None, ...] = (), *, reaped: bool = True
+) -> dict[tuple[int, int], float]:
+    """`tree_cpu` per process, by (pid, start time); without `reaped`, each process's own."""
+    stats: dict[int, tuple[int, int, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(entry.name)
         if fields is None:
             continue
-        ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-        stats[int(entry.name)] = (int(fields[1]), ticks / CLK_TCK)
+        ticks = sum(int(f) for f in fields[11 : 15 if reaped else 13])  # utime, stime, cu, cs
+        stats[int(entry.name)] = (int(fields[1]), int(fields[19]), ticks / CLK_TCK)
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
+    for pid, (ppid, _, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
+    found, todo = {}, [root]
     while todo:
         pid = todo.pop()
         if pid in exclude:
             continue
         if pid in stats:
-            total += stats[pid][1]
+            found[(pid, stats[pid][1])] = stats[pid][2]
         todo.extend(children.get(pid, ()))
-    return total
+    return found
+
+
+class TreeCpu:
+    """`tree_cpu` as a running total, polled every `interval` seconds by a thread of its own:
+    a process that exits between two readings keeps the CPU it used until its last poll. (Two
+    plain sums of the tree lose it, and take back what it had used before: Spark's idle
+    Python workers exit about a minute after their last task, and the initial copy's took
+    3 CPU s out of a step's figure.) Each process's own CPU, not its reaped children's: a
+    child the tree reaps was counted while it ran."""
+
+    def __init__(self, root: int, interval: float = 0.5) -> None:
+        self.root = root
+        self._last: dict[tuple[int, int], float] = {}
+        self._gone = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.poll()
+        self._thread = threading.Thread(
+            target=self._run, args=(interval,), name="tree-cpu", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.poll()
+
+    def poll(self) -> float:
+        """The tree's CPU seconds so far: every process seen, up to its last poll."""
+        now = _tree(self.root, reaped=False)
+        with self._lock:
+            self._gone += sum(v for k, v in self._last.items() if k not in now)
+            self._last = now
+            return self._gone + sum(now.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # --------------------------------------------------------------------------- walsenders

@@ -48,10 +48,13 @@ Freshness: commit to visible
 
 CPU per change
     Per step, from its start until each consumer caught up with the end marker, from
-    ``/proc/PID/stat`` (utime + stime, with reaped children): the pipeline's process tree
-    (driver, Spark JVM, Python workers), its walsender (``active_pid`` of its slot), and the
-    same for pg_recvlogical and its walsender; divided by the row changes the pipeline applied
-    in that window (the batches'). The idle step gives the pipeline's CPU as % of a core.
+    ``/proc/PID/stat`` (utime + stime): the pipeline's process tree (driver, apply processes,
+    Spark JVM, Python workers; each process polled every 0.5 s, so that one that exits
+    within the step keeps what it used: Spark's idle Python workers exit about a minute after
+    the copy, and a sum of the tree at the step's two ends took their CPU back), its
+    walsender (``active_pid`` of its slot), and the same for pg_recvlogical and its
+    walsender; divided by the row changes the pipeline applied in that window (the
+    batches'). The idle step gives the pipeline's CPU as % of a core.
     Also shown: the server's CPU (all its processes) and the load workers' (client side).
 
 The lake
@@ -111,7 +114,7 @@ from deltalake import DeltaTable, QueryBuilder
 from psycopg import sql
 
 import _load
-from _common import Recvlogical, load, percentile, process_cpu, tree_cpu
+from _common import Recvlogical, TreeCpu, load, percentile, process_cpu
 from pgcdc.embedded import Database, EmbeddedServer
 from pgcdc.monitoring import BATCH_LOG, BatchRecord
 from pgcdc.pipeline.verify import compare_history, compare_mirror
@@ -719,6 +722,13 @@ class Bench:
         self.poller: HeartbeatPoller | None = None
         #: CPU samples (process, walsender) taken when each consumer caught up.
         self.samples: dict[str, tuple[float, float | None]] = {}
+        #: The CPU of the pipeline's process tree and of the server's, as running totals.
+        self.pipeline_cpu = TreeCpu(pipeline.pid)
+        self.server_cpu = TreeCpu(server.pid or 0)
+
+    def close(self) -> None:
+        self.pipeline_cpu.stop()
+        self.server_cpu.stop()
 
     def walsender(self, slot: str) -> int | None:
         rows = self.db.execute(
@@ -754,7 +764,7 @@ class Bench:
 
     def sample_pipeline(self) -> tuple[float, float | None]:
         pid = self.walsender(SLOT)
-        return tree_cpu(self.pipeline.pid), None if pid is None else process_cpu(pid)
+        return self.pipeline_cpu.poll(), None if pid is None else process_cpu(pid)
 
     def sample_recv(self) -> tuple[float, float | None]:
         pid = self.walsender(RECV_SLOT)
@@ -772,7 +782,7 @@ class Bench:
         time.sleep(max(0.0, start - time.time()))
         self.samples = {}
         base_pipe, base_recv = self.sample_pipeline(), self.sample_recv()
-        base_server = tree_cpu(self.server.pid or 0)
+        base_server = self.server_cpu.poll()
         wal0 = self.wal_lsn()
         self.lake.written()  # what came before belongs to the step before
         if rate != 0:
@@ -806,7 +816,7 @@ class Bench:
         pipe_at, recv_at = self.catch_up(marker, timeout)
         time.sleep(0.2)  # the runner reports a batch's phases just after its batch log line
         self.pipeline.poll()
-        server_cpu = tree_cpu(self.server.pid or 0) - base_server
+        server_cpu = self.server_cpu.poll() - base_server
         wal_bytes = self.wal_lsn() - wal0
         span = ended - start
         result = StepResult(
@@ -1351,6 +1361,7 @@ def run(args: argparse.Namespace, stack: ExitStack, work: Path, results: list[St
         driver = Workers(db.dsn, args.clients, sizes, args.seed)
     stack.callback(driver.close)
     bench = Bench(args, server, db, pipeline, recv, heartbeat, driver, Lake(targets), checks)
+    stack.callback(bench.close)
     if args.poll_hz > 0:
         bench.poller = HeartbeatPoller(lake_path / "public.heartbeat", args.poll_hz)
         stack.callback(bench.poller.close)

@@ -65,6 +65,18 @@ def test_maintenance_is_asked_of_every_process(pool: ApplierPool, tmp_path: Path
     assert pool.maintain() is False  # open, nothing due
 
 
+def test_tables_read_ahead_are_pinned_and_a_target_that_cannot_be_is_left_to_its_batch(
+    pool: ApplierPool, tmp_path: Path
+) -> None:
+    """`warm` opens each table's targets in the process its batches will go to; a target
+    that cannot be read is not the warm-up's error but its first batch's."""
+    (tmp_path / "public.b").write_text("not a table")
+    pool.warm([work(tmp_path, "public.a"), work(tmp_path, "public.b")])
+    assert {pool.pin("public.a"), pool.pin("public.b")} == {0, 1}
+    (outcome,) = pool.apply([work(tmp_path, "public.b", 1)])
+    assert outcome.error is not None and "public.b" in outcome.error
+
+
 def test_ctrl_c_is_the_driver_s_to_decide(pool: ApplierPool, tmp_path: Path) -> None:
     """SIGINT reaches the whole process group; the processes go on (the driver finishes the
     batch in progress, then ends them)."""

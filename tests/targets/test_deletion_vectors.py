@@ -416,6 +416,38 @@ def test_the_files_a_batch_appended_are_read_from_memory_as_from_disk(
     assert oracle.mor.read_file(appended, ["id", "w"]).column("w").null_count == 10
 
 
+@pytest.mark.parametrize("values", [True, False], ids=["history", "mirror"])
+def test_a_locator_read_ahead_finds_the_first_batch_without_reading_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, values: bool
+) -> None:
+    """`RowLocator.warm`: every live file indexed (and with `values` its columns kept), so
+    that the first batch of a table opened anew reads nothing; it finds what a locator
+    without it finds."""
+    oracle = Oracle(tmp_path / "t", 3000, 7)
+    for _ in range(3):  # files of several commits, with DVs
+        oracle.our_batch(40, 10, 20)
+    warmed = RowLocator(MergeOnReadTable(DeltaTable(oracle.path), DecodedColumns()), ["id"])
+    warmed.warm(values=values)
+    opened: list[str] = []
+    parquet_file = pq.ParquetFile
+    monkeypatch.setattr(
+        pq, "ParquetFile", lambda path, *a, **k: opened.append(path) or parquet_file(path, *a, **k)
+    )
+    keys = pa.table({"id": np.concatenate([oracle.pick(200), [10**6]])})
+    columns = None if values else ()
+    got = warmed.locate(keys, columns)
+    assert not opened
+    cold = RowLocator(MergeOnReadTable(DeltaTable(oracle.path), DecodedColumns()), ["id"])
+    expected = cold.locate(keys, columns)
+    assert opened  # (the cold one reads the files)
+    assert got.found(keys.num_rows).tolist() == expected.found(keys.num_rows).tolist()
+    assert got.by_file().keys() == expected.by_file().keys()
+    for path, rows in expected.by_file().items():
+        assert got.by_file()[path].tolist() == rows.tolist()
+    if values:
+        assert got.values == expected.values
+
+
 def test_decoded_columns_keep_a_budget_least_recently_used_out_first() -> None:
     decoded = DecodedColumns(budget=4 * 3500)  # a file's column read may take a quarter
     column = pa.chunked_array([pa.array(np.arange(400, dtype=np.int64))])  # 3,200 bytes

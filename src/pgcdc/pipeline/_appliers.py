@@ -243,6 +243,14 @@ class ApplierPool:
         processes in parallel; whether one ran."""
         return any(self._ask({a: ("maintain", None) for a in self._appliers}).values())
 
+    def warm(self, works: Sequence[TableWork]) -> None:
+        """Each work's targets read ahead (`warm_tables`) by the process its table is
+        pinned to, the processes in parallel."""
+        per: dict[int, list[TableWork]] = {}
+        for work in works:
+            per.setdefault(self.pin(work.table), []).append(work)
+        self._ask({self._appliers[i]: ("warm", w) for i, w in per.items()})
+
     def _ask(self, commands: dict[_Applier, tuple[str, Any]]) -> dict[_Applier, Any]:
         """Each applier's answer to its command, the processes working in parallel. Every
         answer is read before a failure is raised, so that no answer is left for the next
@@ -306,7 +314,7 @@ def serve(fd: int, alive: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_end_with_driver, args=(alive,), daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format="pgcdc apply process: %(message)s")
-    from pgcdc.pipeline._work import apply_tables, forget_open_targets, maintain_open
+    from pgcdc.pipeline._work import apply_tables, forget_open_targets, maintain_open, warm_tables
     from pgcdc.targets import decoded_columns
 
     connection = Connection(fd)
@@ -320,6 +328,9 @@ def serve(fd: int, alive: int) -> None:
                 answer: tuple[str, Any] = ("ok", apply_tables(argument))
             elif command == "maintain":
                 answer = ("ok", maintain_open())
+            elif command == "warm":
+                warm_tables(argument)
+                answer = ("ok", None)
             elif command == "forget":
                 forget_open_targets()
                 decoded_columns().budget = 0  # (the next apply sets it again)

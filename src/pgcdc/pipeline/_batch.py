@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pgcdc.errors import PipelineFailed
 from pgcdc.monitoring import BatchLog, BatchRecord, PipelineMetrics
 from pgcdc.pipeline._appliers import ApplierPool
+from pgcdc.pipeline._bindings import TableBindings
 from pgcdc.pipeline._dispatch import Dispatcher, DispatchError, InlineDispatcher
 from pgcdc.pipeline._online import OnlineCopies
 from pgcdc.pipeline._tables import FollowedTables
@@ -25,6 +26,7 @@ from pgcdc.pipeline._work import (
     apply_tables,
     group_work,
     maintain_open,
+    warm_tables,
 )
 from pgcdc.pipeline.config import PipelineConfig
 from pgcdc.protocol import Decoder, Lsn, Relation
@@ -121,6 +123,8 @@ class BatchApplier:
         self._relations: dict[bytes, Relation] = {}
         #: Seconds of maintenance between batches since the last batch's report.
         self._maintained = 0.0
+        #: Tables whose targets the driver applies to have been read ahead, or applied to.
+        self._warmed: set[str] = set()
 
     def start(self) -> None:
         """Lease the apply processes (new ones import what they need while the session
@@ -152,32 +156,30 @@ class BatchApplier:
             table = tables.table_of(relid, None if last is None else self._relation(last))
             if table is not None:
                 per_table.setdefault(table, []).extend(found)
-        works = []
         bindings = tables.bind()
-        config = self.config
-        for table, found in per_table.items():
-            oids = sorted(
-                {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
-            )
-            works.append(
-                TableWork(
-                    table,
-                    tuple(s.spec for s, _ in tables.targets[table]),
-                    tuple(found),
-                    self.types.describe(oids),
-                    config.app_id,
-                    config.conninfo,
-                    on_error=config.on_error.get(table, "stop"),
-                    own_oid=bindings.oids.get(table),
-                    leaves=frozenset(bindings.leaves.get(table, ())),
-                    pending_log=self.copies.pending_location(table),
-                    pending=table in tables.pending,
-                    storage_options=tables.state.storage_options,
-                    changes=sum(r.changes for r in found),
-                    read_cache=config.read_cache,
-                )
-            )
-        return works
+        return [self._work(table, found, bindings) for table, found in per_table.items()]
+
+    def _work(self, table: str, found: list[SpoolRange], bindings: TableBindings) -> TableWork:
+        oids = sorted(
+            {c.type_oid for r in found for v in r.versions for c in self._relation(v).columns}
+        )
+        config, tables = self.config, self.tables
+        return TableWork(
+            table,
+            tuple(s.spec for s, _ in tables.targets[table]),
+            tuple(found),
+            self.types.describe(oids),
+            config.app_id,
+            config.conninfo,
+            on_error=config.on_error.get(table, "stop"),
+            own_oid=bindings.oids.get(table),
+            leaves=frozenset(bindings.leaves.get(table, ())),
+            pending_log=self.copies.pending_location(table),
+            pending=table in tables.pending,
+            storage_options=tables.state.storage_options,
+            changes=sum(r.changes for r in found),
+            read_cache=config.read_cache,
+        )
 
     def run_tasks(self, works: list[TableWork], by_driver: bool) -> tuple[list[TableOutcome], str]:
         """The batch's tables applied: by the driver itself (`batch_bounds` says when; its
@@ -189,6 +191,7 @@ class BatchApplier:
             return [], "inline"
         if by_driver:  # its targets are maintained between batches (`maintain_between`)
             works = [replace(w, maintain=False) for w in works]
+            self._warmed.update(w.table for w in works)
             if self._appliers is not None:
                 try:
                     return self._appliers.apply(works), "inline"
@@ -212,15 +215,33 @@ class BatchApplier:
         the next one, and passes of several targets often fall due in the same batch);
         whether one ran."""
         started = time.monotonic()
-        if self._appliers is None:
-            ran = maintain_open()
-        else:
-            try:
+        try:
+            if self._warm_one():
+                ran = True
+            elif self._appliers is None:
+                ran = maintain_open()
+            else:
                 ran = self._appliers.maintain()
-            except DispatchError as exc:
-                raise PipelineFailed(str(exc)) from None
+        except DispatchError as exc:
+            raise PipelineFailed(str(exc)) from None
         self._maintained += time.monotonic() - started
         return ran
+
+    def _warm_one(self) -> bool:
+        """The targets of one table that no batch the driver applied has touched yet read
+        ahead (`warm_tables`), if one is left that is not waiting for its copy; whether one
+        was. Its first batch under random changes would do it, holding back the commit."""
+        skip = self._warmed | self.tables.pending
+        table = next((t for t in self.tables.targets if t not in skip), None)
+        if table is None:
+            return False
+        self._warmed.add(table)
+        work = self._work(table, [], self.tables.bind())
+        if self._appliers is None:
+            warm_tables([work])
+        else:
+            self._appliers.warm([work])
+        return True
 
     def apply(
         self, batch_id: int, spooler: Spooler, start: Lsn, end: Lsn, *, by_driver: bool

@@ -48,6 +48,7 @@ __all__ = [
     "forget_open_targets",
     "group_work",
     "maintain_open",
+    "warm_tables",
     "warm_up",
 ]
 
@@ -156,6 +157,21 @@ def _target(work: TableWork, spec: TargetSpec, registry: TypeRegistry) -> Target
 def forget_open_targets() -> None:
     """Targets are opened anew from now on (a run starts; targets were removed)."""
     _OPEN.clear()
+
+
+def warm_tables(works: Iterable[TableWork]) -> None:
+    """The targets of tables no batch has touched yet opened, and what their first batch
+    would read read ahead (`Target.warm`: a large table's key index, a history's current
+    rows). A target that cannot is opened anew by its first batch, which says why."""
+    for work in works:
+        decoded_columns().budget = work.read_cache
+        registry = work.types.registry()
+        for spec in work.targets:
+            try:
+                _target(work, spec, registry).warm()
+            except Exception as exc:  # (reading ahead is not needed for correctness)
+                log.debug("reading ahead %s failed: %s", spec.path, exc, exc_info=True)
+                _OPEN.pop((spec.path, spec.mode, work.app_id), None)
 
 
 def maintain_open() -> bool:

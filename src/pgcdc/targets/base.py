@@ -182,6 +182,10 @@ class Target(ABC):
         """Keep the table cheap to read as it grows (called after a batch's commit, or
         between batches); whether a pass ran."""
 
+    def warm(self) -> None:  # noqa: B027 (a target with nothing to read ahead has nothing)
+        """Read ahead what the first batch would read of the table (a target kept open
+        between batches, before the first one)."""
+
 
 def open_target(
     spec: TargetSpec,

@@ -557,6 +557,11 @@ class DeltaTarget(Target):
             {COLUMNS: latest_columns(table)}  # a copy's, before its chunks
         )
 
+    def warm(self) -> None:
+        table, keys = self.io.open(), recorded_keys(self.recorded_columns())
+        if table is not None and keys:
+            self.writer.mor.warm(table, keys)
+
     def state(self) -> TargetState:
         table = self.io.open()
         if table is None:
@@ -575,20 +580,15 @@ class DeltaTarget(Target):
         return TargetState(True, self.io.watermark(table, self.app_id), rows, table.version(), at)
 
     def maintain(self) -> bool:
-        """Keeps the lake near its live size, cheaply (called after a batch, or between
-        batches): every `COMPACT_EVERY` versions the small files of many commits (appended
-        rows, a MERGE's rewritten files) are compacted into files of the target size when
-        there are many; every `VACUUM_EVERY` versions, or `VACUUM_SECONDS` after the last
-        vacuum of this process, the files removed longer ago than the table's
-        ``delta.deletedFileRetentionDuration`` are deleted. delta-rs checkpoints the log
-        itself (every ``delta.checkpointInterval`` commits) and drops expired log entries.
-        A table written with deletion vectors is kept by their own policy instead, every
-        `MERGE_ON_READ_EVERY` versions (`pgcdc.targets._mor.maintain`: files with many rows
-        deleted rewritten, small files compacted, checkpoints; and, as often as a vacuum,
-        the vacuum and the collection of unreferenced files). "Every N versions": once N
-        versions have passed since the last multiple of N this process saw, so a pass that
-        comes later still comes. Whether a pass ran. When none can be due yet, nothing is
-        read (the driver asks often: on an object store, reading on the log is a listing)."""
+        """Keeps the lake near its live size, cheaply (after a batch, or between batches):
+        every `COMPACT_EVERY` versions many small files (appends, a MERGE's rewrites) are
+        compacted into files of the target size; every `VACUUM_EVERY` versions, or
+        `VACUUM_SECONDS` after this process's last vacuum, files removed longer ago than
+        ``delta.deletedFileRetentionDuration`` are deleted (delta-rs checkpoints the log and
+        drops expired entries itself). A table with deletion vectors follows their policy,
+        every `MERGE_ON_READ_EVERY` versions (`pgcdc.targets._mor.maintain`). "Every N
+        versions": once N have passed since the last multiple of N this process saw. Whether
+        a pass ran; when none can be due, nothing is read (on an object store, a listing)."""
         cached = self.io.cached
         if cached is not None and not self._may_be_due(cached):
             return False

@@ -203,6 +203,19 @@ class RowLocator:
         offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return key_hit, index.rows(np.repeat(start, counts) + offsets)
 
+    def warm(self, values: bool) -> None:
+        """Each live file that may hold rows of the condition indexed, and with `values` its
+        columns decoded (kept if they fit the budget: `DecodedColumns`)."""
+        self.table.sync()
+        self._forget_dead()
+        names = self._value_names(None)
+        for path in list(self.table.state.adds):
+            if self._file_bounds(path).skip:
+                continue
+            index = self._index(path)
+            if values and len(index.codes):
+                self.table.read_file(path, names, index.rows(np.zeros(1, np.int64)))
+
     # -- which files -----------------------------------------------------------------------
 
     def _candidates(self, batch: list[pa.ChunkedArray]) -> Iterable[tuple[str, _I64]]:

@@ -542,7 +542,9 @@ def test_rows_read_from_kept_columns_or_from_row_groups_are_the_files_rows(
     assert mor.read_file(file, ["v"]) == rows.select(["v"])
 
 
-def test_composite_and_string_keys_and_partitions(tmp_path: Path) -> None:
+def test_composite_and_string_keys_and_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     n = 5000
     base = pa.table(
         {
@@ -592,6 +594,19 @@ def test_composite_and_string_keys_and_partitions(tmp_path: Path) -> None:
         if "deletionVector" not in a and a["path"].startswith("bucket=")
     ]
     assert {a["partitionValues"]["bucket"] for a in new_files} == {"0", "1", "2"}
+    # read ahead (`warm`), a locator of these keys finds the same rows without a file read
+    warmed = RowLocator(MergeOnReadTable(DeltaTable(path), DecodedColumns()), locator.key_columns)
+    warmed.warm(values=True)
+    opened: list[str] = []
+    parquet_file = pq.ParquetFile
+    monkeypatch.setattr(
+        pq, "ParquetFile", lambda p, *a, **k: opened.append(p) or parquet_file(p, *a, **k)
+    )
+    asked = pa.concat_tables([keys, missing])
+    got_matches = warmed.locate(asked, columns=["v"])
+    assert not opened
+    assert got_matches.found(202).tolist() == [True] * 200 + [False, False]
+    assert got_matches.values == locator.locate(asked, columns=["v"]).values
 
 
 def test_history_closes_current_versions_only(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pgcdc.decoding import (
     capabilities,
     load_plugin,
 )
-from pgcdc.errors import PluginLoadError
+from pgcdc.errors import PluginLoadError, UnexpectedMessage
 from pgcdc.protocol import (
     Begin,
     BeginPrepare,
@@ -36,6 +36,10 @@ from pgcdc.protocol import (
     StreamStop,
     Truncate,
     TupleData,
+    UndecodedChanges,
+    XLogData,
+    encode,
+    encode_frame,
 )
 
 REL = Relation(16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
@@ -249,6 +253,93 @@ def test_only_local_emulation_skips_any_origin() -> None:
     feed(a, REL, Begin(L(10), 0, 5), Origin(L(1), "x"), ins(1), Commit(L(10), L(20), 0))
     feed(a, Begin(L(30), 0, 6), ins(2), Commit(L(30), L(40), 0))
     assert plugin.log == [("begin", 6), ("change", 6, "2"), ("commit", 6, 30)]
+
+
+# -- runs of undecoded row changes ------------------------------------------------------------
+
+REL2 = Relation(16385, "public", "u", "d", REL.columns)
+
+
+def run(*changes: tuple[int, Relation, int]) -> UndecodedChanges:
+    """The XLogData frames of Inserts of (position, relation, id): what a stream with
+    `undecoded_rows` hands over for rows that arrived together."""
+    return UndecodedChanges(
+        [
+            encode_frame(XLogData(L(at), L(at), 0, encode(Insert(rel.relid, row(i)))))
+            for at, rel, i in changes
+        ]
+    )
+
+
+class Undecoded(Recorder):
+    undecoded_rows = True
+
+    def change(self, ctx, txn, relation, change):
+        self.log.append(("change", txn.xid, relation.relname, change.lsn, change.raw))
+
+
+class TakesRuns(Undecoded):
+    def undecoded_changes(self, ctx, txn, relation_of, changes):
+        self.log.append(
+            ("run", txn.xid, [relation_of(c.relid).relname for _, c in changes.changes()])
+        )
+
+
+def test_a_run_of_row_changes_goes_to_the_plugin_at_once() -> None:
+    """Also the run that starts a transaction (it runs the begin callback first); the changes
+    count as the transaction's entries one by one."""
+    plugin = TakesRuns()
+    a = assemble(plugin)
+    feed(a, REL, REL2, Begin(L(10), 0, 5), run((1, REL, 1), (2, REL2, 2), (3, REL, 3)))
+    feed(a, run((4, REL2, 4)), Commit(L(10), L(20), 0))
+    assert plugin.log == [
+        ("begin", 5),
+        ("run", 5, ["t", "u", "t"]),
+        ("run", 5, ["u"]),
+        ("commit", 5, 10),
+    ]
+    assert a.stats.changes == 4
+
+
+def test_a_run_goes_change_by_change_to_a_plugin_without_runs() -> None:
+    plugin = Undecoded()
+    a = assemble(plugin)
+    feed(a, REL, REL2, Begin(L(10), 0, 5), run((1, REL, 1), (2, REL2, 2)), Commit(L(10), L(20), 0))
+    raw = [m.frames[i][25:] for m in [run((1, REL, 1), (2, REL2, 2))] for i in (0, 1)]
+    assert plugin.log == [
+        ("begin", 5),
+        ("change", 5, "t", L(1), raw[0]),
+        ("change", 5, "u", L(2), raw[1]),
+        ("commit", 5, 10),
+    ]
+
+
+def test_a_run_of_a_skipped_or_held_transaction_is_not_taken_at_once() -> None:
+    """A transaction filtered by its origin loses its run; a prepared one held until its
+    COMMIT PREPARED (filter_prepare) gets its changes one by one then."""
+
+    class Both(TakesRuns, OriginFilter, TwoPhase):
+        pass
+
+    plugin = Both()
+    a = assemble(plugin, two_phase=True)
+    feed(a, REL, Begin(L(10), 0, 5), Origin(L(9), "remote"), run((1, REL, 1)))
+    feed(a, Commit(L(10), L(20), 0))
+    feed(a, BeginPrepare(L(30), L(40), 0, 6, "g_nodecode"), run((31, REL, 2), (32, REL, 3)))
+    feed(a, Prepare(L(30), L(40), 0, 6, "g_nodecode"))
+    assert plugin.log == []
+    feed(a, CommitPrepared(L(50), L(60), 0, 6, "g_nodecode"))
+    assert [entry[:4] for entry in plugin.log] == [
+        ("begin", 6),
+        ("change", 6, "t", L(31)),
+        ("change", 6, "t", L(32)),
+        ("commit", 6, L(50)),
+    ]
+
+
+def test_a_run_outside_a_transaction_is_refused() -> None:
+    with pytest.raises(UnexpectedMessage):
+        feed(assemble(TakesRuns()), REL, run((1, REL, 1)))
 
 
 # -- streamed transactions ------------------------------------------------------------------

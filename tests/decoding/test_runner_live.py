@@ -151,6 +151,56 @@ class ColumnCounts(Rows):
             type(self).after = ""
 
 
+class RawRows(Rows):
+    """Each change as the server sent it (undecoded), one by one."""
+
+    undecoded_rows = True
+
+    def change(self, ctx, txn, relation, change):
+        self.events.append((relation.relname, len(relation.columns), change.lsn, change.raw))
+
+
+class RawRuns(RawRows):
+    """The same, taking the changes that arrived together at once."""
+
+    def undecoded_changes(self, ctx, txn, relation_of, changes):
+        self.events.append(("run", len(changes.frames)))
+        for lsn, change in changes.changes():
+            relation = relation_of(change.relid)
+            self.events.append((relation.relname, len(relation.columns), lsn, change.message))
+
+
+def test_row_changes_that_arrive_together_are_taken_at_once(pg: Database) -> None:
+    """A plugin that takes runs of undecoded row changes gets the same changes, in the same
+    order and under the same relation descriptions, as one that takes them one by one: large
+    and small transactions over two tables, a column added and a prepared transaction's
+    outcome in between (a run never spans a transaction or a Relation message)."""
+    slots = [setup(pg), unique("s")]
+    pg.execute(f"SELECT pg_create_logical_replication_slot('{slots[1]}', 'pgoutput')")
+    pg.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    pg.execute("ALTER PUBLICATION pub ADD TABLE u")
+    pg.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 3000) g")
+    pg.execute(
+        "BEGIN; INSERT INTO u SELECT generate_series(1, 500); UPDATE t SET v = 'y' WHERE id < 50;"
+        " ALTER TABLE t ADD COLUMN n int; UPDATE t SET n = id WHERE id < 100;"
+        " DELETE FROM u WHERE id % 2 = 0; COMMIT"
+    )
+    for i in range(20):
+        pg.execute(
+            f"BEGIN; INSERT INTO u VALUES ({1000 + i}); DELETE FROM t WHERE id = {i}; COMMIT"
+        )
+    events = {
+        plugin: run(pg, slot, plugin)[0]
+        for plugin, slot in zip((RawRows, RawRuns), slots, strict=True)
+    }
+    runs = [e[1] for e in events[RawRuns] if e[0] == "run"]
+    assert [e for e in events[RawRuns] if e[0] != "run"] == events[RawRows]
+    assert sum(runs) == 3000 + 500 + 49 + 99 + 250 + 20 + 19  # (no row 0 to delete)
+    assert max(runs) > 100, "no run of the rows sent back to back"
+    columns = {(e[0], e[1]) for e in events[RawRows] if e[0] in ("t", "u")}
+    assert columns == {("t", 2), ("t", 3), ("u", 1)}
+
+
 def test_relations_sent_in_transactions_delivered_before_a_reconnect(pg: Database) -> None:
     """After a reconnect the server sends again what the slot was not confirmed past, and
     the runner drops the transactions it already delivered. Their Relation messages count:

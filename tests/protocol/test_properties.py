@@ -49,10 +49,13 @@ from pgcdc.protocol import (
     Truncate,
     TupleData,
     Type,
+    UndecodedChanges,
     Update,
     encode,
 )
+from pgcdc.protocol import columns as columns_module
 from pgcdc.protocol import decoder as decoder_module
+from pgcdc.protocol.columns import change_frame
 
 SESSIONS = [
     (1, "off"),
@@ -649,3 +652,55 @@ def test_c_peek_agrees_with_python(proto: int, streaming: str, data: st.DataObje
     fast = peek(raw, decoder.in_stream, decoder.relations)
     if fast is not None:
         assert fast == decoder.decode(raw)
+
+
+@pytest.mark.parametrize(("proto", "streaming"), SESSIONS, ids=SESSION_IDS)
+@FUZZ
+@given(data=st.data())
+def test_row_frames_agree_with_the_decoder(proto: int, streaming: str, data: st.DataObject) -> None:
+    """A frame `Decoder.row_frame` takes is one the decoder leaves as the same UndecodedChange
+    (`UndecodedChanges.changes`), in C and in Python; its change frame is the same bytes."""
+    script = data.draw(scripts(proto, streaming).filter(bool), label="script")
+    index = data.draw(st.integers(0, len(script) - 1), label="index")
+    decoder = Decoder(proto, streaming, speedups=False, undecoded_rows=True)
+    replay(decoder, script[:index])
+    raw = data.draw(st.one_of(st.just(wire(script[index])), mutations(wire(script[index]))))
+    start = data.draw(st.integers(0, 2**64 - 1), label="data_start")
+    frame = struct.pack(">cQQq", b"w", start, start, 0) + raw
+    taken = decoder.row_frame(frame)
+    peeked = decoder_module._row_frame(frame, decoder.relations)
+    assert taken == (peeked and not decoder.in_stream)
+    if decoder_module.SPEEDUPS is not None:
+        assert decoder_module.SPEEDUPS.row_frame(frame, decoder.relations) == peeked
+    if not taken:
+        return
+    ((position, change),) = list(UndecodedChanges([frame]).changes())
+    assert (position, change) == (start, decoder.decode(raw))
+    ordinal = data.draw(st.integers(0, 2**32 - 2), label="ordinal")
+    expected = bytearray(b"old") + change_frame(ordinal + 1, start, raw)
+    for append in {columns_module._append_change_frames, columns_module.append_change_frames}:
+        chunks = {change.relid: bytearray(b"old")}
+        assert append([frame], ordinal, chunks) == (ordinal + 1, {change.relid: 1})
+        assert chunks == {change.relid: expected}
+
+
+def test_change_frames_go_to_their_relations_in_order() -> None:
+    """Frames of several relations: each relation's chunk gets its frames, the ordinals count
+    on over all of them; a relation without a chunk or an ordinal past 32 bits is refused."""
+    frames = [
+        struct.pack(">cQQqcI", b"w", 100 + i, 0, 0, b"IUD"[i % 3 : i % 3 + 1], relid) + b"x" * i
+        for i, relid in enumerate([7, 8, 7, 7, 9])
+    ]
+    for append in {columns_module._append_change_frames, columns_module.append_change_frames}:
+        chunks = {7: bytearray(), 8: bytearray(), 9: bytearray()}
+        assert append(frames, 10, chunks) == (15, {7: 3, 8: 1, 9: 1})
+        assert [bytes(chunks[7]), bytes(chunks[8]), bytes(chunks[9])] == [
+            b"".join(change_frame(11 + i, 100 + i, frames[i][25:]) for i in (0, 2, 3)),
+            change_frame(12, 101, frames[1][25:]),
+            change_frame(15, 104, frames[4][25:]),
+        ]
+        with pytest.raises(KeyError):
+            append(frames, 0, {7: bytearray()})
+    if decoder_module.SPEEDUPS is not None:
+        with pytest.raises(OverflowError):
+            columns_module.append_change_frames(frames[:1], 2**32 - 1, {7: bytearray()})

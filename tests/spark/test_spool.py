@@ -11,7 +11,18 @@ import pyarrow as pa
 import pytest
 
 from pgcdc.errors import SpoolError
-from pgcdc.protocol import Column, Insert, Lsn, Message, Relation, Truncate, TupleData, encode
+from pgcdc.protocol import (
+    Column,
+    Insert,
+    Lsn,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    XLogData,
+    encode,
+    encode_frame,
+)
 from pgcdc.records import encode_record, read_range
 from pgcdc.spool import MESSAGES, Spool, SpoolRange, _spool, read_envelope
 
@@ -126,6 +137,53 @@ def test_ranges_per_relation_read_back_as_the_envelope(tmp_path: Path) -> None:
         ("id", "0"),
         ("v", "x" * 50),
     ]
+
+
+def test_row_changes_written_as_runs_are_the_same_spool(tmp_path: Path) -> None:
+    """`changes` (the frames of an `UndecodedChanges`) writes the same units, ordinals and
+    frames as `change` one by one; also across record boundaries and with a truncate and a
+    Relation message sent again (DDL) in between."""
+    relations = {REL.relid: REL, OTHER.relid: OTHER}
+    altered = Relation(REL.relid, "public", "t", "d", REL.columns[:1])
+
+    def frame(rel: Relation, at: int, i: int) -> bytes:
+        return encode_frame(XLogData(Lsn(at), Lsn(at), 0, insert(rel, i)))
+
+    def script(spool: Spool, runs: bool) -> None:
+        for end, rows in ((1000, 3), (2000, 40_000)):
+            spool.begin(700, end - 5)
+            items = [(REL if i % 3 else OTHER, end - 100 + i % 50, i) for i in range(rows)]
+            frames = [frame(rel, at, i) for rel, at, i in items]
+            if runs:
+                for at in range(0, rows, 1000):
+                    spool.changes(relations.__getitem__, frames[at : at + 1000])
+            else:
+                for rel, at, i in items:
+                    spool.change(rel, at, insert(rel, i))
+            spool.truncate([REL], Truncate(0, (REL.relid,)), end - 40)
+            relations[REL.relid] = altered
+            if runs:
+                spool.changes(relations.__getitem__, [frame(altered, end - 30, 1)])
+            else:
+                spool.change(altered, end - 30, insert(altered, 1))
+            relations[REL.relid] = REL
+            spool.commit(Lsn(end - 5), Lsn(end), 700, 1_000_000, None)
+
+    spools = {}
+    for runs in (False, True):
+        spools[runs] = spool = Spool(tmp_path / f"spool-{runs}")
+        script(spool, runs)
+    ranges = {runs: spool.ranges(Lsn(0), Lsn(2000)) for runs, spool in spools.items()}
+    for relid in (REL.relid, OTHER.relid):  # (runs fill a record past its size: 1 MB + a run)
+        assert [(r.changes, r.versions) for r in ranges[True][relid]] == [
+            (r.changes, r.versions) for r in ranges[False][relid]
+        ]
+    rows = {
+        runs: envelope([r for rs in found.values() for r in rs]) for runs, found in ranges.items()
+    }
+    assert rows[True].num_rows == 40_003 + 2 + 2  # and the truncates, the altered rows
+    order = [("commit_lsn", "ascending"), ("ordinal", "ascending")]
+    assert rows[True].sort_by(order).to_pylist() == rows[False].sort_by(order).to_pylist()
 
 
 def test_an_interrupted_transaction_is_cut_off(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ from pgcdc.protocol import (
     Truncate,
     Type,
     UndecodedChange,
+    UndecodedChanges,
     Update,
 )
 from pgcdc.protocol.messages import fast_constructor
@@ -148,6 +149,13 @@ class TransactionAssembler:
         self.plugin = plugin
         self.ctx = ctx
         self.caps: PluginCapabilities = capabilities(type(plugin))
+        #: The plugin's `undecoded_changes`, when it takes runs of row changes at once.
+        self._undecoded_changes = (
+            plugin.undecoded_changes
+            if plugin.undecoded_rows
+            and type(plugin).undecoded_changes is not OutputPlugin.undecoded_changes
+            else None
+        )
         self.pool = pool or SpillPool()
         #: The consumer's acknowledgement state (the replication client's, when there is one).
         self.acks = acks if acks is not None else Acknowledgement()
@@ -416,6 +424,25 @@ class TransactionAssembler:
         else:
             self._entry(_CHANGE, change, message.xid, _change_size(message))
 
+    def _changes(self, message: UndecodedChanges, lsn: Lsn | None) -> None:
+        take = self._undecoded_changes
+        if (
+            take is not None
+            and self._in_block is None
+            and self._open is not None
+            and (opened := self._started()).fate is Fate.DELIVER
+        ):  # the hot path: all at once, to a transaction whose begin callback ran
+            txn = opened.txn
+            count = len(message.frames)
+            txn.nentries += count
+            self.stats.changes += count
+            self.ctx.write_xid = txn.xid
+            take(self.ctx, txn, self._relation_of, message)
+            return
+        for start, change in message.changes():
+            self.ctx.write_location = start
+            self._change(change, start)
+
     def _truncate(self, message: Truncate, lsn: Lsn | None) -> None:
         truncation = Truncation(
             message.cascade, message.restart_identity, lsn, message.xid, message.relids
@@ -646,6 +673,7 @@ _HANDLERS: dict[type, Callable[[TransactionAssembler, Any, Lsn | None], Lsn | No
     Update: TransactionAssembler._change,
     Delete: TransactionAssembler._change,
     UndecodedChange: TransactionAssembler._change,
+    UndecodedChanges: TransactionAssembler._changes,
     Truncate: TransactionAssembler._truncate,
     Message: TransactionAssembler._message,
     Commit: TransactionAssembler._commit,

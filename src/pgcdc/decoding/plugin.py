@@ -14,13 +14,14 @@ all or nothing, with filter_prepare optional; stream_prepare is required when bo
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pgcdc.decoding.model import Change, Transaction, Truncation
 from pgcdc.errors import PluginLoadError
-from pgcdc.protocol import Lsn, Relation
+from pgcdc.protocol import Lsn, Relation, UndecodedChanges
 
 if TYPE_CHECKING:
     from pgcdc.decoding.context import DecodingContext
@@ -87,6 +88,19 @@ class OutputPlugin:
         relations: list[Relation],
         change: Truncation,
     ) -> None:
+        raise NotImplementedError
+
+    def undecoded_changes(
+        self,
+        ctx: DecodingContext,
+        txn: Transaction,
+        relation_of: Callable[[int], Relation],
+        changes: UndecodedChanges,
+    ) -> None:
+        """Optional, for an `undecoded_rows` plugin: row changes of an ordinary transaction
+        whose begin callback ran, as many as the server sent back to back, at once
+        (`relation_of` gives the Relation of each relid). Without it, `change` gets them
+        one by one; so does a streamed, prepared or held transaction's."""
         raise NotImplementedError
 
     def commit(self, ctx: DecodingContext, txn: Transaction, commit_lsn: Lsn) -> None:

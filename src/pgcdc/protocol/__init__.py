@@ -8,6 +8,7 @@ from pgcdc.protocol.encoder import encode, encode_tuple
 from pgcdc.protocol.frames import (
     PrimaryKeepalive,
     StandbyStatusUpdate,
+    UndecodedChanges,
     XLogData,
     encode_frame,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "TupleData",
     "Type",
     "UndecodedChange",
+    "UndecodedChanges",
     "Update",
     "XLogData",
     "datetime_to_pg_timestamp",

@@ -1,6 +1,7 @@
 /*
- * Optional C fast path for the two per-row steps of the codec: parsing an XLogData frame and
- * decoding an Insert, Update or Delete with its TupleData. Loaded by speedups.py.
+ * Optional C fast path for the per-row steps of the codec: parsing an XLogData frame,
+ * decoding an Insert, Update or Delete with its TupleData (or peeking at its relation only),
+ * and turning the frames of undecoded row changes into change frames. Loaded by speedups.py.
  *
  * The pure-Python code in frames.py and decoder.py is the reference and stays complete. This
  * module only handles well-formed input: whenever anything is off (a short buffer, a bad
@@ -337,6 +338,122 @@ peek_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return shape_new(&undecoded_shape, fields);
+}
+
+/* The XLogData header before a frame's payload: 'w', data_start, wal_end, send_time. */
+#define XLOG_HEAD 25
+
+/* Whether `data` is an XLogData frame carrying an Insert, Update or Delete outside a stream
+ * block (no xid prefix) of a relation in `relations`: what peek_change takes as it is. */
+static int
+is_row_frame(PyObject *data, PyObject *relations)
+{
+    if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) < XLOG_HEAD + 5)
+        return 0;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    unsigned char code = buf[XLOG_HEAD];
+    if (buf[0] != 'w' || (code != 'I' && code != 'U' && code != 'D'))
+        return 0;
+    PyObject *relid = PyLong_FromUnsignedLong(u32(buf + XLOG_HEAD + 1));
+    if (relid == NULL)
+        return -1;
+    int known = PyDict_Contains(relations, relid);
+    Py_DECREF(relid);
+    return known;
+}
+
+/* row_frame(data, relations) -> bool: `is_row_frame` */
+static PyObject *
+row_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "row_frame(data: bytes, relations: dict)");
+        return NULL;
+    }
+    int known = is_row_frame(args[0], args[1]);
+    if (known < 0)
+        return NULL;
+    return PyBool_FromLong(known);
+}
+
+/* append_frames(frames, ordinal, chunks) -> (ordinal, counts)
+ *
+ * Each XLogData frame of `frames` (a list; each one `row_frame` took) as a change frame
+ * `ordinal | lsn | length | message`, appended to the bytearray `chunks[relid]` of its
+ * relation: the ordinals count on from `ordinal`, the LSN is the frame's data_start, the
+ * message its payload. Returns the last ordinal used and the frames appended per relid. */
+static PyObject *
+append_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_frames(frames: list, ordinal: int, chunks: dict)");
+        return NULL;
+    }
+    unsigned long long ordinal = PyLong_AsUnsignedLongLong(args[1]);
+    if (ordinal == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *counts = PyDict_New();
+    if (counts == NULL)
+        return NULL;
+    PyObject *frames = args[0];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        if (!PyBytes_Check(frame) || PyBytes_GET_SIZE(frame) < XLOG_HEAD + 5
+            || PyBytes_AS_STRING(frame)[0] != 'w') {
+            PyErr_Format(PyExc_ValueError, "frame %zd is not an XLogData row change", i);
+            goto fail;
+        }
+        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(frame);
+        Py_ssize_t length = PyBytes_GET_SIZE(frame) - XLOG_HEAD;
+        if (++ordinal > UINT32_MAX || (unsigned long long)length > UINT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a change frame's ordinal or length overflows");
+            goto fail;
+        }
+        PyObject *relid = PyLong_FromUnsignedLong(u32(buf + XLOG_HEAD + 1));
+        if (relid == NULL)
+            goto fail;
+        PyObject *chunk = PyDict_GetItemWithError(args[2], relid);
+        if (chunk == NULL || !PyByteArray_Check(chunk)) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, relid);
+            Py_DECREF(relid);
+            goto fail;
+        }
+        Py_ssize_t at = PyByteArray_GET_SIZE(chunk);
+        if (PyByteArray_Resize(chunk, at + 16 + length) < 0) {
+            Py_DECREF(relid);
+            goto fail;
+        }
+        unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(chunk) + at;
+        out[0] = (unsigned char)(ordinal >> 24);
+        out[1] = (unsigned char)(ordinal >> 16);
+        out[2] = (unsigned char)(ordinal >> 8);
+        out[3] = (unsigned char)ordinal;
+        memcpy(out + 4, buf + 1, 8); /* data_start, big-endian as on the wire */
+        out[12] = (unsigned char)(length >> 24);
+        out[13] = (unsigned char)(length >> 16);
+        out[14] = (unsigned char)(length >> 8);
+        out[15] = (unsigned char)length;
+        memcpy(out + 16, buf + XLOG_HEAD, length);
+        PyObject *count = PyDict_GetItemWithError(counts, relid);
+        if (count == NULL && PyErr_Occurred()) {
+            Py_DECREF(relid);
+            goto fail;
+        }
+        PyObject *next = PyLong_FromLong(count == NULL ? 1 : PyLong_AsLong(count) + 1);
+        if (next == NULL || PyDict_SetItem(counts, relid, next) < 0) {
+            Py_XDECREF(next);
+            Py_DECREF(relid);
+            goto fail;
+        }
+        Py_DECREF(next);
+        Py_DECREF(relid);
+    }
+    return Py_BuildValue("(KN)", ordinal, counts);
+fail:
+    Py_DECREF(counts);
+    return NULL;
 }
 
 /* parse_xlogdata(data) -> XLogData for a well-formed 'w' frame, else None */
@@ -765,6 +882,8 @@ static PyMethodDef methods[] = {
     {"decode_change", (PyCFunction)(void (*)(void))decode_change, METH_FASTCALL, NULL},
     {"parse_xlogdata", parse_xlogdata, METH_O, NULL},
     {"peek_change", (PyCFunction)(void (*)(void))peek_change, METH_FASTCALL, NULL},
+    {"row_frame", (PyCFunction)(void (*)(void))row_frame, METH_FASTCALL, NULL},
+    {"append_frames", (PyCFunction)(void (*)(void))append_frames, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

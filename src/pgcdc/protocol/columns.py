@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
+from pgcdc.protocol.frames import XLOG_HEADER_SIZE
 from pgcdc.protocol.speedups import SPEEDUPS
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "OP_UPDATE",
     "PyRowColumns",
     "RowBuffers",
+    "append_change_frames",
     "change_frame",
     "row_columns",
 ]
@@ -36,12 +38,34 @@ __all__ = [
 CHANGE_FRAME = struct.Struct(">IQI")  # ordinal, lsn, message length
 OP_INSERT, OP_UPDATE, OP_DELETE = 0, 1, 2
 _u32 = struct.Struct(">I").unpack_from
+_u64 = struct.Struct(">Q").unpack_from
 _I64 = struct.Struct("<q")
 _I32 = struct.Struct("<i")
 
 
 def change_frame(ordinal: int, lsn: int, message: bytes) -> bytes:
     return CHANGE_FRAME.pack(ordinal, lsn, len(message)) + message
+
+
+def _append_change_frames(
+    frames: list[bytes], ordinal: int, chunks: dict[int, bytearray]
+) -> tuple[int, dict[int, int]]:
+    counts: dict[int, int] = {}
+    for frame in frames:
+        ordinal += 1
+        (data_start,) = _u64(frame, 1)
+        message = frame[XLOG_HEADER_SIZE:]
+        (relid,) = _u32(message, 1)
+        chunks[relid] += CHANGE_FRAME.pack(ordinal, data_start, len(message)) + message
+        counts[relid] = counts.get(relid, 0) + 1
+    return ordinal, counts
+
+
+#: `append_change_frames(frames, ordinal, chunks)`: each XLogData frame of `frames` (row
+#: changes: `UndecodedChanges.frames`) as a change frame appended to the bytearray
+#: `chunks[relid]` of its relation, its LSN the frame's data_start, the ordinals counting on
+#: from `ordinal`; the last ordinal used and the frames appended per relid.
+append_change_frames = SPEEDUPS.append_frames if SPEEDUPS is not None else _append_change_frames
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from pgcdc.errors import (
     UnknownMessageType,
     UnknownRelation,
 )
+from pgcdc.protocol.frames import XLOG_HEADER_SIZE
 from pgcdc.protocol.lsn import Lsn
 from pgcdc.protocol.messages import (
     Begin,
@@ -82,6 +83,18 @@ _ROLLBACK_PREPARED = struct.Struct(">BQQqqI")
 _MESSAGE_HEAD = struct.Struct(">BQ")  # flags, lsn
 
 _ROW_CODES = frozenset(b"IUD")
+
+
+def _row_frame(data: bytes, relations: dict[int, Relation]) -> bool:
+    """`Decoder.row_frame` in Python (the C module's ``row_frame``)."""
+    return (
+        len(data) >= XLOG_HEADER_SIZE + 5
+        and data[0] == 0x77  # w
+        and data[XLOG_HEADER_SIZE] in _ROW_CODES
+        and _u32(data, XLOG_HEADER_SIZE + 1)[0] in relations
+    )
+
+
 _make_tuple = fast_constructor(TupleData)
 _make_insert = fast_constructor(Insert)
 _make_update = fast_constructor(Update)
@@ -221,6 +234,7 @@ class Decoder:
         if undecoded_rows:  # the C path peeks at the relation only; the rest stays bytes
             self._decode_change = SPEEDUPS.peek_change if speedups and SPEEDUPS else None
         self.undecoded_rows = undecoded_rows
+        self._row_frame = SPEEDUPS.row_frame if speedups and SPEEDUPS else _row_frame
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         #: xid of the open Stream Start ... Stream Stop block, None outside one.
@@ -260,6 +274,16 @@ class Decoder:
     @property
     def in_stream(self) -> bool:
         return self.stream_xid is not None
+
+    def row_frame(self, data: bytes) -> bool:
+        """Whether the CopyData `data` is an XLogData frame whose message `undecoded_rows`
+        takes as it is: an Insert, Update or Delete of a known relation, outside a stream
+        block (a frame of `UndecodedChanges`; it changes no state here)."""
+        return (
+            self.undecoded_rows
+            and self.stream_xid is None
+            and self._row_frame(data, self.relations)
+        )
 
     def decode(self, payload: bytes, lsn: int | None = None) -> PgoutputMessage | None:
         """Decode one pgoutput message (an XLogData payload); None for an empty payload.

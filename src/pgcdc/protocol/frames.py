@@ -9,15 +9,18 @@ a position to acknowledge by itself.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pgcdc.errors import InvalidMessage, TruncatedMessage, UnknownMessageType
 from pgcdc.protocol.lsn import Lsn
-from pgcdc.protocol.messages import fast_constructor
+from pgcdc.protocol.messages import PgoutputMessage, UndecodedChange, fast_constructor
 
 __all__ = [
     "PrimaryKeepalive",
     "StandbyStatusUpdate",
+    "UndecodedChanges",
     "XLogData",
     "encode_frame",
     "parse_frame",
@@ -27,6 +30,8 @@ _XLOG_HEADER = struct.Struct(">cQQq")
 _KEEPALIVE = struct.Struct(">cQqB")
 _STATUS_UPDATE = struct.Struct(">cQQQqB")
 XLOG_HEADER_SIZE = _XLOG_HEADER.size
+_U64 = struct.Struct(">Q").unpack_from
+_U32 = struct.Struct(">I").unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,25 @@ class XLogData:
     wal_end: Lsn
     send_time: int
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodedChanges(PgoutputMessage):
+    """Inserts, Updates and Deletes the server sent back to back in a transaction, outside
+    any stream block, each still the XLogData frame that carried it: what a `Decoder` with
+    `undecoded_rows` takes whole (`Decoder.row_frame`: only the relation is checked). A
+    stream hands the frames that arrived together over as one of these, to a consumer that
+    stores changes as they came and decodes them later in bulk. `changes` gives each as its
+    `UndecodedChange`, with its position (the frame's data_start)."""
+
+    type_code: ClassVar[bytes] = b"I"  # (or U, D: each frame's own)
+    frames: list[bytes]
+
+    def changes(self) -> Iterator[tuple[Lsn, UndecodedChange]]:
+        for frame in self.frames:
+            payload = frame[XLOG_HEADER_SIZE:]
+            change = UndecodedChange(payload[0], _U32(payload, 1)[0], payload)
+            yield Lsn(_U64(frame, 1)[0]), change
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +89,7 @@ class StandbyStatusUpdate:
 Frame = XLogData | PrimaryKeepalive | StandbyStatusUpdate
 
 _make_xlogdata = fast_constructor(XLogData)
+_make_keepalive = fast_constructor(PrimaryKeepalive)
 _new_int = int.__new__
 
 
@@ -86,7 +111,8 @@ def parse_frame(data: bytes) -> Frame:
     if code == 0x6B:  # 'k'
         _check_size(data, _KEEPALIVE.size, "primary keepalive")
         _, end, ts, reply = _KEEPALIVE.unpack(data)
-        return PrimaryKeepalive(Lsn(end), ts, _bool(reply, data, "primary keepalive"))
+        reply = _bool(reply, data, "primary keepalive")
+        return _make_keepalive(_new_int(Lsn, end), ts, reply)
     if code == 0x72:  # 'r'
         _check_size(data, _STATUS_UPDATE.size, "standby status update")
         _, write, flush, apply, ts, reply = _STATUS_UPDATE.unpack(data)

@@ -92,6 +92,7 @@ from pgcdc.protocol import (
     Truncate,
     Type,
     UndecodedChange,
+    UndecodedChanges,
     Update,
 )
 
@@ -109,7 +110,18 @@ class Phase(enum.Enum):
 
 
 _B, _T, _S = Phase.BETWEEN, Phase.IN_TRANSACTION, Phase.IN_STREAM_BLOCK
-_CONTENT = (Relation, Type, Origin, Insert, Update, Delete, UndecodedChange, Truncate, Message)
+_CONTENT = (
+    Relation,
+    Type,
+    Origin,
+    Insert,
+    Update,
+    Delete,
+    UndecodedChange,
+    UndecodedChanges,
+    Truncate,
+    Message,
+)
 
 #: (phase, message type) -> the phase after it. The only place that says what is legal.
 _TRANSITIONS: dict[tuple[Phase, type], Phase] = {
@@ -231,7 +243,8 @@ class Acknowledgement:
         """Advance the phase (refusing a message its phase does not allow) and positions;
         the message's `end_lsn_of`."""
         kind = type(message)
-        if kind is UndecodedChange and self.phase is not Phase.BETWEEN:  # the hot path
+        if (kind is UndecodedChanges or kind is UndecodedChange) and self.phase is not _B:
+            # the hot path
             if data_start > self.received:
                 self.received = data_start
             return None

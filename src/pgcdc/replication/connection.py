@@ -383,26 +383,31 @@ class ReplicationConnection:
 
         Raises StreamEnded (the server ended the stream with an error), ConnectionLost.
         """
-        pgconn = self.pgconn
-        nbytes, data = pgconn.get_copy_data(1)
-        if nbytes == 0:
-            waited = self._wait_readable(timeout, on_wait)
-            if waited is None:
-                return None
-            if waited:
-                if self.gather_seconds and self._read_since_wait < _TRICKLE_BYTES:
-                    time.sleep(self.gather_seconds)
-                self._read_since_wait = 0
-            try:
-                pgconn.consume_input()
-            except Exception as exc:  # psycopg.OperationalError; libpq lost the socket
-                raise ConnectionLost(f"replication connection lost: {first_line(exc)}") from None
-            nbytes, data = pgconn.get_copy_data(1)
-            if nbytes == 0:
-                return None
+        data = self.read_buffered()
+        if data is not None:
+            return data
+        waited = self._wait_readable(timeout, on_wait)
+        if waited is None:
+            return None
+        if waited:
+            if self.gather_seconds and self._read_since_wait < _TRICKLE_BYTES:
+                time.sleep(self.gather_seconds)
+            self._read_since_wait = 0
+        try:
+            self.pgconn.consume_input()
+        except Exception as exc:  # psycopg.OperationalError; libpq lost the socket
+            raise ConnectionLost(f"replication connection lost: {first_line(exc)}") from None
+        return self.read_buffered()
+
+    def read_buffered(self) -> bytes | None:
+        """The next CopyData payload if libpq has it whole already, else None: it neither
+        waits nor reads the socket. Raises as `read_copy_data` when the stream ended."""
+        nbytes, data = self.pgconn.get_copy_data(1)
         if nbytes > 0:
             self._read_since_wait += nbytes
             return bytes(data)
+        if nbytes == 0:
+            return None
         self._in_copy = False
         raise self._stream_end_error()
 

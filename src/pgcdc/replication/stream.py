@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from pgcdc.errors import (
     InvalidStartPosition,
@@ -25,6 +26,7 @@ from pgcdc.protocol import (
     PgoutputMessage,
     PrimaryKeepalive,
     StandbyStatusUpdate,
+    UndecodedChanges,
     XLogData,
     datetime_to_pg_timestamp,
     encode_frame,
@@ -43,6 +45,9 @@ from pgcdc.replication.quoting import literal
 __all__ = ["LogicalStream", "now_pg_timestamp"]
 
 log = logging.getLogger("pgcdc.replication")
+
+#: At most this many bytes of row changes go into one `UndecodedChanges`.
+_RUN_BYTES = 1 << 20
 
 _UNIX_TO_PG_MICROS = datetime_to_pg_timestamp(PG_EPOCH.replace(year=1970))
 
@@ -216,35 +221,60 @@ class LogicalStream:
         """Decoded messages with their XLogData frames, until stopped or past endpos
         (`Acknowledgement.may_stop`).
 
-        A transaction counts as handled by the consumer (`Acknowledgement.handled_upto`) once
-        the consumer asks for the message after its end."""
+        With `undecoded_rows`, row changes that arrived together come as one
+        `UndecodedChanges` (with its last frame): those libpq holds already are taken
+        without waiting for more. A transaction counts as handled by the consumer
+        (`Acknowledgement.handled_upto`) once the consumer asks for the message after its end.
+        """
         acks = self.acks
         decoder = self.decoder
         read = self.conn.read_copy_data
+        read_buffered = self.conn.read_buffered
+        row_frame = decoder.row_frame if decoder.undecoded_rows else None
         on_frame = self.on_frame
         endpos = self.endpos
         if acks.may_stop(self.start_lsn, endpos):
             return
         pinged = False
+        data: bytes | None = None  # read after a run of row changes, not handled yet
         while not self._stopped and not self.stop_requested:
-            now = time.monotonic()
-            wait = self._last_status + self.status_interval - now
-            if wait <= 0 or self.status_due:
-                self.status_due = False
-                self.send_status()
-                wait = self.status_interval
-            # Wake often enough to see endpos, stop requests, due updates and the timer.
-            data = read(min(wait, 0.2), self.on_wait)
             if data is None:
-                if (endpos is not None or self.ping_when_idle) and not pinged:
-                    # Ask for a keepalive: it tells where the walsender is once it is idle.
-                    self.send_status(reply_requested=True)
-                    pinged = True
+                now = time.monotonic()
+                wait = self._last_status + self.status_interval - now
+                if wait <= 0 or self.status_due:
+                    self.status_due = False
+                    self.send_status()
+                    wait = self.status_interval
+                # Wake often enough to see endpos, stop requests, due updates and the timer.
+                data = read(min(wait, 0.2), self.on_wait)
+                if data is None:
+                    if (endpos is not None or self.ping_when_idle) and not pinged:
+                        # Ask for a keepalive: it tells where the walsender is once idle.
+                        self.send_status(reply_requested=True)
+                        pinged = True
+                    continue
+                pinged = False
+                if on_frame is not None:
+                    on_frame(data)
+            if row_frame is not None and row_frame(data):
+                frames = [data]
+                size = len(data)
+                data = None
+                while size < _RUN_BYTES and (data := read_buffered()) is not None:
+                    if on_frame is not None:
+                        on_frame(data)
+                    if not row_frame(data):
+                        break
+                    frames.append(data)
+                    size += len(data)
+                    data = None
+                last = cast(XLogData, parse_frame(frames[-1]))
+                run = UndecodedChanges(frames)
+                acks.on_message(run, last.data_start)
+                yield last, run
                 continue
-            pinged = False
-            if on_frame is not None:
-                on_frame(data)
             frame = parse_frame(data)
+            data = None
             if type(frame) is XLogData:
                 message = decoder.decode(frame.payload, frame.data_start)
                 if message is None:

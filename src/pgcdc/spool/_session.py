@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pgcdc.decoding import Change, DecodingContext, OutputPlugin, Transaction, Truncation
 from pgcdc.decoding.runner import PluginRunner
 from pgcdc.errors import SourceError
-from pgcdc.protocol import Lsn, Message, Relation, StreamingMode, Truncate
+from pgcdc.protocol import Lsn, Message, Relation, StreamingMode, Truncate, UndecodedChanges
 from pgcdc.protocol.messages import TRUNCATE_CASCADE, TRUNCATE_RESTART_IDENTITY
 from pgcdc.replication.options import StreamOptions
 from pgcdc.replication.stream import LogicalStream
@@ -52,6 +52,15 @@ class SpoolWriter(OutputPlugin):
     ) -> None:
         assert change.raw is not None, "the spool's session decodes no rows"
         self.spool.change(relation, change.lsn, change.raw)
+
+    def undecoded_changes(
+        self,
+        ctx: DecodingContext,
+        txn: Transaction,
+        relation_of: Callable[[int], Relation],
+        changes: UndecodedChanges,
+    ) -> None:
+        self.spool.changes(relation_of, changes.frames)
 
     def truncate(
         self,

@@ -34,7 +34,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -58,7 +58,8 @@ from pgcdc.protocol import (
     encode,
     pg_timestamp_to_datetime,
 )
-from pgcdc.protocol.columns import CHANGE_FRAME, change_frame
+from pgcdc.protocol.columns import CHANGE_FRAME, append_change_frames, change_frame
+from pgcdc.protocol.frames import XLOG_HEADER_SIZE
 from pgcdc.records import encode_record, split_payloads
 
 __all__ = [
@@ -105,6 +106,9 @@ _COMMIT = struct.Struct(">BQQIqH")  # flags, commit_lsn, end_lsn, xid, commit_ts
 #: A commit record's head: its tag, its version, `_COMMIT`.
 _COMMIT_RECORD = struct.Struct(">cH" + _COMMIT.format[1:])
 _HAS_XID, _HAS_TS = 1, 2
+#: The relid of an XLogData frame's Insert, Update or Delete (outside a stream block).
+_frame_relid = struct.Struct(">I").unpack_from
+_RELID_AT = XLOG_HEADER_SIZE + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +321,8 @@ class Spool:
             self._write(relid, b"F" + _VERSION.pack(unit.version) + unit.chunk)
             unit.chunk.clear()
 
-    def change(self, relation: Relation, lsn: int | None, message: bytes) -> None:
-        """An Insert, Update or Delete as the server sent it (`UndecodedChange.message`)."""
-        self._ordinal += 1
+    def _unit(self, relation: Relation) -> _Open:
+        """The open unit of `relation`'s file, under the relation's current version."""
         relid = relation.relid
         unit = self._open.get(relid)
         if unit is None:  # the relation's first change in the transaction
@@ -330,12 +333,32 @@ class Spool:
             if version != unit.version:
                 self._flush(relid, unit)
                 unit.version = version
+        return unit
+
+    def change(self, relation: Relation, lsn: int | None, message: bytes) -> None:
+        """An Insert, Update or Delete as the server sent it (`UndecodedChange.message`)."""
+        self._ordinal += 1
+        unit = self._unit(relation)
         chunk = unit.chunk
         chunk += _FRAME_HEAD(self._ordinal, lsn or 0, len(message))
         chunk += message
         unit.changes += 1
         if len(chunk) >= _CHUNK_BYTES:
-            self._flush(relid, unit)
+            self._flush(relation.relid, unit)
+
+    def changes(self, relation_of: Callable[[int], Relation], frames: list[bytes]) -> None:
+        """Inserts, Updates and Deletes as the XLogData frames that carried them
+        (`UndecodedChanges.frames`), in order; `relation_of` gives each relid's Relation."""
+        units = {}
+        for relid in dict.fromkeys(_frame_relid(frame, _RELID_AT)[0] for frame in frames):
+            units[relid] = self._unit(relation_of(relid))
+        self._ordinal, counts = append_change_frames(
+            frames, self._ordinal, {relid: unit.chunk for relid, unit in units.items()}
+        )
+        for relid, unit in units.items():
+            unit.changes += counts[relid]
+            if len(unit.chunk) >= _CHUNK_BYTES:
+                self._flush(relid, unit)
 
     def truncate(self, relations: Iterable[Relation], message: Truncate, lsn: int | None) -> None:
         """A TRUNCATE: a frame in the file of each table it emptied."""

@@ -77,6 +77,21 @@ def test_tables_read_ahead_are_pinned_and_a_target_that_cannot_be_is_left_to_its
     assert outcome.error is not None and "public.b" in outcome.error
 
 
+def test_tables_read_ahead_one_by_one_spread_over_the_processes(
+    pool: ApplierPool, tmp_path: Path
+) -> None:
+    """A read-ahead is charged to its process: tables read ahead one after the other after
+    a first batch (the heartbeat's, say) do not all go to the process that did not apply it
+    (they did, when only apply time counted: every table of a run in one process)."""
+    pool.apply([work(tmp_path, "public.a", 5)])
+    assert pool.pin("public.a") == 0
+    pool._appliers[0].seconds, pool._appliers[1].seconds = 1e-9, 0.0  # a took next to nothing
+    pool.warm([work(tmp_path, "public.b")])
+    assert pool.pin("public.b") == 1 and pool._appliers[1].seconds > 1e-9
+    pool.warm([work(tmp_path, "public.c")])
+    assert pool.pin("public.c") == 0
+
+
 def test_ctrl_c_is_the_driver_s_to_decide(pool: ApplierPool, tmp_path: Path) -> None:
     """SIGINT reaches the whole process group; the processes go on (the driver finishes the
     batch in progress, then ends them)."""

@@ -18,8 +18,9 @@ first 10 s: p99 1.31 s (threads), 1.06 s (processes in the driver's session) and
 (in their own), one run each.
 
 A process applies the tables pinned to it one after the other; a table is pinned on its
-first batch to the process with the least apply time so far, and stays there
-for the run (its targets, their key indexes and decoded columns, are open there).
+first batch, or when it is read ahead before it, to the process with the least apply and
+read-ahead time so far, and stays there for the run (its targets, their key indexes and
+decoded columns, are open there).
 
 Starting a process costs about a second of CPU (its imports), so a pool outlives the run
 that started it: `ApplierPool.lease` gives a run the pool the last run of this process gave
@@ -245,11 +246,15 @@ class ApplierPool:
 
     def warm(self, works: Sequence[TableWork]) -> None:
         """Each work's targets read ahead (`warm_tables`) by the process its table is
-        pinned to, the processes in parallel."""
+        pinned to, the processes in parallel. A process is charged the seconds it took: a
+        table with no changes seen yet weighs what reading it ahead did (its size, about),
+        so that the tables read ahead one after the other spread over the processes."""
         per: dict[int, list[TableWork]] = {}
         for work in works:
             per.setdefault(self.pin(work.table), []).append(work)
-        self._ask({self._appliers[i]: ("warm", w) for i, w in per.items()})
+        answers = self._ask({self._appliers[i]: ("warm", w) for i, w in per.items()})
+        for applier, seconds in answers.items():
+            applier.seconds += seconds
 
     def _ask(self, commands: dict[_Applier, tuple[str, Any]]) -> dict[_Applier, Any]:
         """Each applier's answer to its command, the processes working in parallel. Every
@@ -329,8 +334,7 @@ def serve(fd: int, alive: int) -> None:
             elif command == "maintain":
                 answer = ("ok", maintain_open())
             elif command == "warm":
-                warm_tables(argument)
-                answer = ("ok", None)
+                answer = ("ok", warm_tables(argument))
             elif command == "forget":
                 forget_open_targets()
                 decoded_columns().budget = 0  # (the next apply sets it again)

@@ -159,10 +159,12 @@ def forget_open_targets() -> None:
     _OPEN.clear()
 
 
-def warm_tables(works: Iterable[TableWork]) -> None:
+def warm_tables(works: Iterable[TableWork]) -> float:
     """The targets of tables no batch has touched yet opened, and what their first batch
     would read read ahead (`Target.warm`: a large table's key index, a history's current
-    rows). A target that cannot is opened anew by its first batch, which says why."""
+    rows); the seconds it took. A target that cannot is opened anew by its first batch,
+    which says why."""
+    started = time.monotonic()
     for work in works:
         decoded_columns().budget = work.read_cache
         registry = work.types.registry()
@@ -172,6 +174,7 @@ def warm_tables(works: Iterable[TableWork]) -> None:
             except Exception as exc:  # (reading ahead is not needed for correctness)
                 log.debug("reading ahead %s failed: %s", spec.path, exc, exc_info=True)
                 _OPEN.pop((spec.path, spec.mode, work.app_id), None)
+    return time.monotonic() - started
 
 
 def maintain_open() -> bool:

@@ -343,26 +343,9 @@ peek_change(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* The XLogData header before a frame's payload: 'w', data_start, wal_end, send_time. */
 #define XLOG_HEAD 25
 
-/* Whether `data` is an XLogData frame carrying an Insert, Update or Delete outside a stream
- * block (no xid prefix) of a relation in `relations`: what peek_change takes as it is. */
-static int
-is_row_frame(PyObject *data, PyObject *relations)
-{
-    if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) < XLOG_HEAD + 5)
-        return 0;
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    unsigned char code = buf[XLOG_HEAD];
-    if (buf[0] != 'w' || (code != 'I' && code != 'U' && code != 'D'))
-        return 0;
-    PyObject *relid = PyLong_FromUnsignedLong(u32(buf + XLOG_HEAD + 1));
-    if (relid == NULL)
-        return -1;
-    int known = PyDict_Contains(relations, relid);
-    Py_DECREF(relid);
-    return known;
-}
-
-/* row_frame(data, relations) -> bool: `is_row_frame` */
+/* row_frame(data, relations) -> bool: whether `data` is an XLogData frame carrying an
+ * Insert, Update or Delete outside a stream block (no xid prefix) of a relation in
+ * `relations`: what peek_change takes as it is. */
 static PyObject *
 row_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -370,7 +353,18 @@ row_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "row_frame(data: bytes, relations: dict)");
         return NULL;
     }
-    int known = is_row_frame(args[0], args[1]);
+    PyObject *data = args[0];
+    if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) < XLOG_HEAD + 5)
+        Py_RETURN_FALSE;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    unsigned char code = buf[XLOG_HEAD];
+    if (buf[0] != 'w' || (code != 'I' && code != 'U' && code != 'D'))
+        Py_RETURN_FALSE;
+    PyObject *relid = PyLong_FromUnsignedLong(u32(buf + XLOG_HEAD + 1));
+    if (relid == NULL)
+        return NULL;
+    int known = PyDict_Contains(args[1], relid);
+    Py_DECREF(relid);
     if (known < 0)
         return NULL;
     return PyBool_FromLong(known);

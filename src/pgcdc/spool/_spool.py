@@ -684,8 +684,9 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
     relations = [_relation(v) for v in spool_range.versions]
     attnums = list(spool_range.attnums) or [()] * len(relations)
     messages = spool_range.relid == MESSAGES
-    frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the open unit
+    frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the unit's F records
     size = 0
+    begin, take = builder.begin, builder.frames
     try:
         for payload in _payloads(spool_range):
             size += len(payload)
@@ -707,21 +708,27 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
                 ) from None
             if version >= len(relations) and not messages:
                 raise SpoolError(f"spool file {path}: no relation version {version}")
-            frames.append((version, payload, start))
             if tag == b"F":
+                frames.append((version, payload, start))
                 continue
             origin = payload[_COMMIT_RECORD.size : start].decode() if origin_length else None
-            builder.begin(
+            begin(
                 commit_lsn,
                 xid if flags & _HAS_XID else None,
                 commit_ts if flags & _HAS_TS else None,
                 origin,
             )
-            for version, record, at in frames:
-                relation = None if messages else relations[version]
-                numbers = attnums[version] if relation is not None else ()
-                _frames(builder, relation, numbers, record, at)
-            frames = []
+            if frames:
+                for earlier, record, at in frames:
+                    _frames(builder, relations, attnums, messages, earlier, record, at)
+                frames = []
+            if messages:
+                _frames(builder, relations, attnums, messages, version, payload, start)
+            else:  # (most often all of a unit: row changes of one relation version)
+                relation, numbers = relations[version], attnums[version]
+                at = take(relation, payload, start, len(payload), numbers)
+                if at < len(payload):
+                    _frames(builder, relations, attnums, messages, version, payload, at)
             yield size
             size = 0
     except RecordError as exc:
@@ -736,20 +743,24 @@ def _relation(encoded: bytes) -> Relation:
 
 def _frames(
     builder: EnvelopeBuilder,
-    relation: Relation | None,
-    attnums: tuple[int, ...],
+    relations: list[Relation],
+    attnums: list[tuple[int, ...]],
+    messages: bool,
+    version: int,
     record: bytes,
     pos: int,
 ) -> None:
-    """The frames of a unit's record from `pos`: row changes a column at a time, the rest
-    one by one."""
+    """The frames of a unit's record from `pos` (of relation version `version`, or the
+    messages file's): row changes a column at a time, the rest one by one."""
+    relation = None if messages else relations[version]
+    numbers = attnums[version] if relation is not None else ()
     end = len(record)
     while pos < end:
         if relation is not None:
-            pos = builder.frames(relation, record, pos, end, attnums)
+            pos = builder.frames(relation, record, pos, end, numbers)
             if pos >= end:
                 break
-        pos = _one_frame(builder, relation, attnums, record, pos)
+        pos = _one_frame(builder, relation, numbers, record, pos)
 
 
 def _one_frame(

@@ -684,11 +684,29 @@ def test_row_frames_agree_with_the_decoder(proto: int, streaming: str, data: st.
         assert chunks == {change.relid: expected}
 
 
+def test_a_row_frame_too_short_to_decode_is_left_to_the_decoder() -> None:
+    """A change that ends right after its relid is not taken whole: the decoder says what is
+    wrong with it, as it does without runs."""
+    decoder = Decoder(1, undecoded_rows=True)
+    decoder.decode(wire(Relation(7, "public", "t", "d", ())))
+    for payload in (b"I\x00\x00\x00\x07", b"I\x00\x00\x00\x07N"):
+        frame = struct.pack(">cQQq", b"w", 1, 1, 0) + payload
+        assert decoder.row_frame(frame) == (len(payload) == 6)
+        assert decoder_module._row_frame(frame, decoder.relations) == (len(payload) == 6)
+        if decoder_module.SPEEDUPS is not None:
+            assert decoder_module.SPEEDUPS.row_frame(frame, decoder.relations) == (
+                len(payload) == 6
+            )
+    with pytest.raises(TruncatedMessage):
+        decoder.decode(b"I\x00\x00\x00\x07")
+
+
 def test_change_frames_go_to_their_relations_in_order() -> None:
     """Frames of several relations: each relation's chunk gets its frames, the ordinals count
     on over all of them; a relation without a chunk or an ordinal past 32 bits is refused."""
     frames = [
-        struct.pack(">cQQqcI", b"w", 100 + i, 0, 0, b"IUD"[i % 3 : i % 3 + 1], relid) + b"x" * i
+        struct.pack(">cQQqcI", b"w", 100 + i, 0, 0, b"IUD"[i % 3 : i % 3 + 1], relid)
+        + b"x" * (i + 1)
         for i, relid in enumerate([7, 8, 7, 7, 9])
     ]
     for append in {columns_module._append_change_frames, columns_module.append_change_frames}:

@@ -354,8 +354,8 @@ row_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *data = args[0];
-    if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) < XLOG_HEAD + 5)
-        Py_RETURN_FALSE;
+    if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) < XLOG_HEAD + 6)
+        Py_RETURN_FALSE; /* (as peek_change: its relid and at least a byte after it) */
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
     unsigned char code = buf[XLOG_HEAD];
     if (buf[0] != 'w' || (code != 'I' && code != 'U' && code != 'D'))
@@ -393,7 +393,7 @@ append_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *frames = args[0];
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
         PyObject *frame = PyList_GET_ITEM(frames, i);
-        if (!PyBytes_Check(frame) || PyBytes_GET_SIZE(frame) < XLOG_HEAD + 5
+        if (!PyBytes_Check(frame) || PyBytes_GET_SIZE(frame) < XLOG_HEAD + 6
             || PyBytes_AS_STRING(frame)[0] != 'w') {
             PyErr_Format(PyExc_ValueError, "frame %zd is not an XLogData row change", i);
             goto fail;

@@ -88,7 +88,7 @@ _ROW_CODES = frozenset(b"IUD")
 def _row_frame(data: bytes, relations: dict[int, Relation]) -> bool:
     """`Decoder.row_frame` in Python (the C module's ``row_frame``)."""
     return (
-        len(data) >= XLOG_HEADER_SIZE + 5
+        len(data) >= XLOG_HEADER_SIZE + 6  # (as `_undecoded`: the relid and a byte after)
         and data[0] == 0x77  # w
         and data[XLOG_HEADER_SIZE] in _ROW_CODES
         and _u32(data, XLOG_HEADER_SIZE + 1)[0] in relations

@@ -152,12 +152,18 @@ class ColumnCounts(Rows):
 
 
 class RawRows(Rows):
-    """Each change as the server sent it (undecoded), one by one."""
+    """Each change as the server sent it (undecoded), one by one; truncates and messages."""
 
     undecoded_rows = True
 
     def change(self, ctx, txn, relation, change):
         self.events.append((relation.relname, len(relation.columns), change.lsn, change.raw))
+
+    def truncate(self, ctx, txn, relations, change):
+        self.events.append(("truncate", [r.relname for r in relations], change.lsn))
+
+    def message(self, ctx, txn, lsn, transactional, prefix, content):
+        self.events.append(("message", lsn, transactional, content))
 
 
 class RawRuns(RawRows):
@@ -173,18 +179,29 @@ class RawRuns(RawRows):
 def test_row_changes_that_arrive_together_are_taken_at_once(pg: Database) -> None:
     """A plugin that takes runs of undecoded row changes gets the same changes, in the same
     order and under the same relation descriptions, as one that takes them one by one: large
-    and small transactions over two tables, a column added and a prepared transaction's
-    outcome in between (a run never spans a transaction or a Relation message)."""
+    and small transactions over three tables, old rows whole (replica identity full), and in
+    the middle of a transaction a logical message, a TRUNCATE and a column added; a prepared
+    transaction (a run never spans a transaction, a Relation message, a truncate or a
+    message)."""
     slots = [setup(pg), unique("s")]
     pg.execute(f"SELECT pg_create_logical_replication_slot('{slots[1]}', 'pgoutput')")
     pg.execute("CREATE TABLE u (id int PRIMARY KEY)")
-    pg.execute("ALTER PUBLICATION pub ADD TABLE u")
+    pg.execute("ALTER TABLE u REPLICA IDENTITY FULL")
+    pg.execute("CREATE TABLE v (id int PRIMARY KEY)")
+    pg.execute("ALTER PUBLICATION pub ADD TABLE u, v")
     pg.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 3000) g")
+    pg.execute("INSERT INTO v SELECT generate_series(1, 10)")
     pg.execute(
         "BEGIN; INSERT INTO u SELECT generate_series(1, 500); UPDATE t SET v = 'y' WHERE id < 50;"
+        " SELECT pg_logical_emit_message(true, 'p', 'in the middle'); TRUNCATE v;"
         " ALTER TABLE t ADD COLUMN n int; UPDATE t SET n = id WHERE id < 100;"
         " DELETE FROM u WHERE id % 2 = 0; COMMIT"
     )
+    pg.execute(
+        "BEGIN; INSERT INTO u VALUES (5000); UPDATE u SET id = 5001 WHERE id = 5000;"
+        " PREPARE TRANSACTION 'runs'"
+    )
+    pg.execute("COMMIT PREPARED 'runs'")
     for i in range(20):
         pg.execute(
             f"BEGIN; INSERT INTO u VALUES ({1000 + i}); DELETE FROM t WHERE id = {i}; COMMIT"
@@ -195,10 +212,13 @@ def test_row_changes_that_arrive_together_are_taken_at_once(pg: Database) -> Non
     }
     runs = [e[1] for e in events[RawRuns] if e[0] == "run"]
     assert [e for e in events[RawRuns] if e[0] != "run"] == events[RawRows]
-    assert sum(runs) == 3000 + 500 + 49 + 99 + 250 + 20 + 19  # (no row 0 to delete)
+    assert sum(runs) == 3000 + 10 + 500 + 49 + 99 + 250 + 2 + 20 + 19  # (no row 0 to delete)
     assert max(runs) > 100, "no run of the rows sent back to back"
-    columns = {(e[0], e[1]) for e in events[RawRows] if e[0] in ("t", "u")}
-    assert columns == {("t", 2), ("t", 3), ("u", 1)}
+    kinds = {(e[0], e[1]) for e in events[RawRows] if e[0] in ("t", "u", "v")}
+    assert kinds == {("t", 2), ("t", 3), ("u", 1), ("v", 1)}
+    others = [e for e in events[RawRows] if e[0] in ("truncate", "message")]
+    assert [e[0] for e in others] == ["message", "truncate"]
+    assert others[0][3] == b"in the middle" and others[1][1] == ["v"]
 
 
 def test_relations_sent_in_transactions_delivered_before_a_reconnect(pg: Database) -> None:

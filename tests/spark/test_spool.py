@@ -19,6 +19,7 @@ from pgcdc.protocol import (
     Relation,
     Truncate,
     TupleData,
+    UndecodedChanges,
     XLogData,
     encode,
     encode_frame,
@@ -140,7 +141,7 @@ def test_ranges_per_relation_read_back_as_the_envelope(tmp_path: Path) -> None:
 
 
 def test_row_changes_written_as_runs_are_the_same_spool(tmp_path: Path) -> None:
-    """`changes` (the frames of an `UndecodedChanges`) writes the same units, ordinals and
+    """`changes` (an `UndecodedChanges`) writes the same units, ordinals and
     frames as `change` one by one; also across record boundaries and with a truncate and a
     Relation message sent again (DDL) in between."""
     relations = {REL.relid: REL, OTHER.relid: OTHER}
@@ -156,14 +157,16 @@ def test_row_changes_written_as_runs_are_the_same_spool(tmp_path: Path) -> None:
             frames = [frame(rel, at, i) for rel, at, i in items]
             if runs:
                 for at in range(0, rows, 1000):
-                    spool.changes(relations.__getitem__, frames[at : at + 1000])
+                    spool.changes(relations.__getitem__, UndecodedChanges(frames[at : at + 1000]))
             else:
                 for rel, at, i in items:
                     spool.change(rel, at, insert(rel, i))
             spool.truncate([REL], Truncate(0, (REL.relid,)), end - 40)
             relations[REL.relid] = altered
             if runs:
-                spool.changes(relations.__getitem__, [frame(altered, end - 30, 1)])
+                spool.changes(
+                    relations.__getitem__, UndecodedChanges([frame(altered, end - 30, 1)])
+                )
             else:
                 spool.change(altered, end - 30, insert(altered, 1))
             relations[REL.relid] = REL

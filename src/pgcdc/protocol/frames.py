@@ -59,8 +59,16 @@ class UndecodedChanges(PgoutputMessage):
     def changes(self) -> Iterator[tuple[Lsn, UndecodedChange]]:
         for frame in self.frames:
             payload = frame[XLOG_HEADER_SIZE:]
-            change = UndecodedChange(payload[0], _U32(payload, 1)[0], payload)
-            yield Lsn(_U64(frame, 1)[0]), change
+            yield Lsn(_U64(frame, 1)[0]), UndecodedChange(payload[0], _relid(frame), payload)
+
+    def relids(self) -> list[int]:
+        """The relations the changes are of, each once, in the order they first come."""
+        return list(dict.fromkeys(map(_relid, self.frames)))
+
+
+def _relid(frame: bytes) -> int:
+    """The relid of an XLogData frame's Insert, Update or Delete (outside a stream block)."""
+    return int(_U32(frame, XLOG_HEADER_SIZE + 1)[0])
 
 
 @dataclass(frozen=True, slots=True)

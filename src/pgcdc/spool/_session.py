@@ -60,7 +60,7 @@ class SpoolWriter(OutputPlugin):
         relation_of: Callable[[int], Relation],
         changes: UndecodedChanges,
     ) -> None:
-        self.spool.changes(relation_of, changes.frames)
+        self.spool.changes(relation_of, changes)
 
     def truncate(
         self,

@@ -54,12 +54,12 @@ from pgcdc.protocol import (
     Relation,
     Truncate,
     UndecodedChange,
+    UndecodedChanges,
     Update,
     encode,
     pg_timestamp_to_datetime,
 )
 from pgcdc.protocol.columns import CHANGE_FRAME, append_change_frames, change_frame
-from pgcdc.protocol.frames import XLOG_HEADER_SIZE
 from pgcdc.records import encode_record, split_payloads
 
 __all__ = [
@@ -106,9 +106,6 @@ _COMMIT = struct.Struct(">BQQIqH")  # flags, commit_lsn, end_lsn, xid, commit_ts
 #: A commit record's head: its tag, its version, `_COMMIT`.
 _COMMIT_RECORD = struct.Struct(">cH" + _COMMIT.format[1:])
 _HAS_XID, _HAS_TS = 1, 2
-#: The relid of an XLogData frame's Insert, Update or Delete (outside a stream block).
-_frame_relid = struct.Struct(">I").unpack_from
-_RELID_AT = XLOG_HEADER_SIZE + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,14 +343,12 @@ class Spool:
         if len(chunk) >= _CHUNK_BYTES:
             self._flush(relation.relid, unit)
 
-    def changes(self, relation_of: Callable[[int], Relation], frames: list[bytes]) -> None:
-        """Inserts, Updates and Deletes as the XLogData frames that carried them
-        (`UndecodedChanges.frames`), in order; `relation_of` gives each relid's Relation."""
-        units = {}
-        for relid in dict.fromkeys(_frame_relid(frame, _RELID_AT)[0] for frame in frames):
-            units[relid] = self._unit(relation_of(relid))
+    def changes(self, relation_of: Callable[[int], Relation], changes: UndecodedChanges) -> None:
+        """Inserts, Updates and Deletes as the server sent them, in order; `relation_of`
+        gives each relid's Relation."""
+        units = {relid: self._unit(relation_of(relid)) for relid in changes.relids()}
         self._ordinal, counts = append_change_frames(
-            frames, self._ordinal, {relid: unit.chunk for relid, unit in units.items()}
+            changes.frames, self._ordinal, {relid: unit.chunk for relid, unit in units.items()}
         )
         for relid, unit in units.items():
             unit.changes += counts[relid]
@@ -684,7 +679,7 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
     relations = [_relation(v) for v in spool_range.versions]
     attnums = list(spool_range.attnums) or [()] * len(relations)
     messages = spool_range.relid == MESSAGES
-    frames: list[tuple[int, bytes, int]] = []  # (version, record, start) of the unit's F records
+    frames: list[tuple[Relation | None, tuple[int, ...], bytes, int]] = []  # the F records
     size = 0
     begin, take = builder.begin, builder.frames
     try:
@@ -708,8 +703,10 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
                 ) from None
             if version >= len(relations) and not messages:
                 raise SpoolError(f"spool file {path}: no relation version {version}")
+            relation = None if messages else relations[version]
+            numbers = attnums[version] if relation is not None else ()
             if tag == b"F":
-                frames.append((version, payload, start))
+                frames.append((relation, numbers, payload, start))
                 continue
             origin = payload[_COMMIT_RECORD.size : start].decode() if origin_length else None
             begin(
@@ -718,17 +715,12 @@ def _read_units(builder: EnvelopeBuilder, spool_range: SpoolRange) -> Iterator[i
                 commit_ts if flags & _HAS_TS else None,
                 origin,
             )
-            if frames:
-                for earlier, record, at in frames:
-                    _frames(builder, relations, attnums, messages, earlier, record, at)
-                frames = []
-            if messages:
-                _frames(builder, relations, attnums, messages, version, payload, start)
-            else:  # (most often all of a unit: row changes of one relation version)
-                relation, numbers = relations[version], attnums[version]
-                at = take(relation, payload, start, len(payload), numbers)
-                if at < len(payload):
-                    _frames(builder, relations, attnums, messages, version, payload, at)
+            for earlier in frames:
+                _frames(builder, *earlier)
+            frames = []
+            if relation is not None:  # (most often all of a unit: one relation's row changes)
+                start = take(relation, payload, start, len(payload), numbers)
+            _frames(builder, relation, numbers, payload, start)
             yield size
             size = 0
     except RecordError as exc:
@@ -743,24 +735,20 @@ def _relation(encoded: bytes) -> Relation:
 
 def _frames(
     builder: EnvelopeBuilder,
-    relations: list[Relation],
-    attnums: list[tuple[int, ...]],
-    messages: bool,
-    version: int,
+    relation: Relation | None,
+    attnums: tuple[int, ...],
     record: bytes,
     pos: int,
 ) -> None:
-    """The frames of a unit's record from `pos` (of relation version `version`, or the
-    messages file's): row changes a column at a time, the rest one by one."""
-    relation = None if messages else relations[version]
-    numbers = attnums[version] if relation is not None else ()
+    """The frames of a unit's record from `pos`: row changes a column at a time, the rest
+    one by one."""
     end = len(record)
     while pos < end:
         if relation is not None:
-            pos = builder.frames(relation, record, pos, end, numbers)
+            pos = builder.frames(relation, record, pos, end, attnums)
             if pos >= end:
                 break
-        pos = _one_frame(builder, relation, numbers, record, pos)
+        pos = _one_frame(builder, relation, attnums, record, pos)
 
 
 def _one_frame(

@@ -617,6 +617,30 @@ def test_maintenance_checkpoints_and_compacts_and_keeps_the_watermark(
     assert sorted(v[0] for v in versions(t)) == list(range(12))
 
 
+def test_a_mirrors_batch_files_up_to_a_quarter_of_the_target_size_are_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_path: str
+) -> None:
+    """Deletion vectors, the default policy: a batch's file counts as small (compacted with
+    others) below a quarter of the table's target file size. Wide rows write files of a
+    megabyte or more a batch: with a fixed 1 MiB bound they were never compacted, and each
+    batch of random updates touched every one of them."""
+    import os
+
+    if write_path == "copy-on-write":
+        pytest.skip("the deletion-vector policy's")
+    monkeypatch.setattr(delta, "MERGE_ON_READ_EVERY", 1)
+    target_size = 6 << 20
+    t = target(tmp_path, "mirror", properties={"delta.targetFileSize": str(target_size)})
+    for batch in range(17):
+        docs = [os.urandom(1000).hex() for _ in range(600)]  # about 1.2 MB a file
+        inserts = [insert(REL, id=batch * 1000 + i, name="n", doc=d) for i, d in enumerate(docs)]
+        t.apply(envelope(txn(0x100 * (batch + 1), *inserts)))
+        t.maintain()
+    sizes = [a["size"] for a in t.writer.mor.table(DeltaTable(t.path)).state.adds.values()]
+    assert max(sizes) > target_size // 2 and len(sizes) < 10  # (17 files of 1.2 MB before)
+    assert t.state().rows == 17 * 600
+
+
 def last_commit_agreed(t: DeltaTarget) -> dict[str, Any]:
     """The latest commit that applied changes, read from its file: the same as the history
     says."""

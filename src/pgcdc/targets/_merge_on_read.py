@@ -51,8 +51,9 @@ class MergeOnRead:
     def __init__(self, io: TableIO, mode: Mode, policy: MaintenancePolicy | None = None) -> None:
         self.io = io
         self.mode = mode
+        target = int(io.properties["delta.targetFileSize"])
         self.policy = policy or MaintenancePolicy(
-            target_file_bytes=int(io.properties["delta.targetFileSize"])
+            small_file_bytes=target // 4, target_file_bytes=target
         )
         self._table: MergeOnReadTable | None = None
         self._locators: dict[tuple[str, ...], RowLocator] = {}

@@ -47,6 +47,15 @@ except PackageNotFoundError:  # pragma: no cover - a source tree without metadat
     _ENGINE = "pgcdc"
 
 
+#: How a batch's new rows are written: a small file that the next compaction rewrites.
+#: Parquet dictionaries and column statistics cost a third of its write (measured,
+#: 300 rows of a 31-column table: 1.47 ms with them, 0.92 ms without) and serve no reader
+#: (one row group, pruned by the file statistics in the log).
+_BATCH_FILE = {"compression": "snappy", "use_dictionary": False, "write_statistics": False}
+#: How a rewrite (compaction, purge) writes the files readers scan at scale.
+_REWRITTEN_FILE = {"compression": "snappy"}
+
+
 class CommitConflict(TargetError):
     """Another writer committed the version this commit was to be: read the table again
     (`MergeOnReadTable.refresh`), locate the rows again and retry."""
@@ -133,7 +142,8 @@ def write_data_files(
     table: MergeOnReadTable, rows: pa.Table, data_change: bool = True
 ) -> list[dict[str, Any]]:
     """New data files holding `rows` (one per partition), written and synced: their add
-    actions, with statistics as delta-rs writes them."""
+    actions, with statistics as delta-rs writes them. A batch's rows (`data_change`) are
+    written lighter than a rewrite's (`_BATCH_FILE`)."""
     schema = table.arrow_schema()
     rows = _conform(rows, schema, table.uri)
     partitions = table.partition_columns
@@ -168,7 +178,7 @@ def write_data_files(
         os.makedirs(os.path.dirname(local), exist_ok=True)
         stored = part.drop_columns(partitions) if partitions else part
         with open(local, "xb") as f:
-            pq.write_table(stored, f, compression="snappy")
+            pq.write_table(stored, f, **(_BATCH_FILE if data_change else _REWRITTEN_FILE))
             f.flush()
             os.fsync(f.fileno())
         stats = file_stats(part, stats_columns)

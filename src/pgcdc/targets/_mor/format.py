@@ -126,11 +126,16 @@ def z85_decode(text: str) -> bytes:
 # -- RoaringBitmap, portable serialization ------------------------------------------------
 
 
+def _runs_of(highs: npt.NDArray[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Where each run of equal values of sorted `highs` starts and ends."""
+    starts = np.concatenate(([0], np.flatnonzero(highs[1:] != highs[:-1]) + 1))
+    return starts, np.append(starts[1:], highs.size)
+
+
 def _roaring32(low: npt.NDArray[np.uint32]) -> bytes:
     """A 32-bit bitmap of sorted unique `low` values: no run containers (cookie 12346)."""
     highs = (low >> 16).astype(np.uint16)
-    starts = np.flatnonzero(np.r_[True, highs[1:] != highs[:-1]])
-    ends = np.r_[starts[1:], low.size]
+    starts, ends = _runs_of(highs)
     counts = ends - starts
     header = struct.pack("<II", _NO_RUNS, starts.size)
     descriptive = np.empty(2 * starts.size, "<u2")
@@ -138,12 +143,12 @@ def _roaring32(low: npt.NDArray[np.uint32]) -> bytes:
     descriptive[1::2] = counts - 1
     payloads = []
     for start, end, count in zip(starts.tolist(), ends.tolist(), counts.tolist(), strict=True):
-        values = (low[start:end] & 0xFFFF).astype("<u2")
+        values = low[start:end] & 0xFFFF
         if count <= _ARRAY_MAX:
-            payloads.append(values.tobytes())
+            payloads.append(values.astype("<u2").tobytes())
         else:
             bits = np.zeros(1 << 16, np.bool_)
-            bits[values] = True
+            bits[values.astype(np.intp)] = True  # (an intp index: twice as fast as uint32)
             payloads.append(np.packbits(bits, bitorder="little").tobytes())
     first = len(header) + 8 * starts.size
     offsets = first + np.cumsum([0] + [len(p) for p in payloads[:-1]], dtype=np.int64)
@@ -167,14 +172,12 @@ def encode(rows: Rows) -> bytes:
 
 def _encode_buckets(rows: Rows) -> bytes:
     highs = (rows >> np.uint64(32)).astype(np.uint32)
-    starts: list[int] = (
-        np.flatnonzero(np.r_[True, highs[1:] != highs[:-1]]).tolist() if rows.size else []
-    )
-    ends = [*starts[1:], rows.size]
-    parts = [struct.pack("<IQ", MAGIC, len(starts))]
-    for start, end in zip(starts, ends[: len(starts)], strict=True):
+    low = rows.astype(np.uint32)  # (the low 32 bits)
+    starts, ends = _runs_of(highs) if rows.size else (np.empty(0, np.intp), np.empty(0, np.intp))
+    parts = [struct.pack("<IQ", MAGIC, starts.size)]
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
         parts.append(struct.pack("<I", int(highs[start])))
-        parts.append(_roaring32((rows[start:end] & np.uint64(0xFFFFFFFF)).astype(np.uint32)))
+        parts.append(_roaring32(low[start:end]))
     return b"".join(parts)
 
 

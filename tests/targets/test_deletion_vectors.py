@@ -609,6 +609,40 @@ def test_composite_and_string_keys_and_partitions(
     assert got_matches.values == locator.locate(asked, columns=["v"]).values
 
 
+def test_keys_whose_numbers_collide_are_told_apart_by_their_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key numbered by hash (a string): here every key shares its number with a third of
+    the others (the hash modulo 3), in several files. The matches of all files are checked
+    against the values together: each key finds its own row, a missing key none."""
+    from pgcdc.targets._mor import keys as keys_module
+    from pgcdc.targets._mor import locate as locate_module
+
+    def colliding(columns: Any) -> keys_module.KeyCodes:
+        return keys_module.KeyCodes(keys_module.key_codes(columns).codes % np.uint64(3), False)
+
+    monkeypatch.setattr(locate_module, "key_codes", colliding)
+    path = str(tmp_path / "t")
+    for part in range(4):  # four files
+        ids = range(part * 50, part * 50 + 50)
+        data = {"k": [f"k{i}" for i in ids], "v": pa.array(list(ids), pa.int64())}
+        write_deltalake(path, pa.table(data), mode="append", configuration=_DV)
+    mor = MergeOnReadTable(DeltaTable(path))
+    locator = RowLocator(mor, ["k"])
+    asked = pa.table({"k": ["k7", "k60", "k199", "k120", "nowhere", "k7x"]})
+    matches = locator.locate(asked, columns=["v"])
+    assert matches.found(6).tolist() == [True] * 4 + [False, False]
+    assert matches.values is not None
+    found = dict(zip(matches.key_row.tolist(), matches.values.column("v").to_pylist(), strict=True))
+    assert found == {0: 7, 1: 60, 2: 199, 3: 120}
+    update = pa.table({"k": ["k7", "k60", "k199", "k120"], "v": pa.array([-1] * 4, pa.int64())})
+    commit_delete_and_append(mor, matches.by_file(), update)
+    got = pa.table(QueryBuilder().register("t", mor.table).execute("SELECT k, v FROM t"))
+    rows = dict(zip(got.column("k").to_pylist(), got.column("v").to_pylist(), strict=True))
+    assert len(rows) == got.num_rows == 200
+    assert rows == {f"k{i}": -1 if i in (7, 60, 199, 120) else i for i in range(200)}
+
+
 def test_history_closes_current_versions_only(tmp_path: Path) -> None:
     utc = dt.UTC
     start = dt.datetime(2026, 1, 1, tzinfo=utc)

@@ -177,10 +177,11 @@ def same_keys(
     right_rows: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.bool_]:
     """Whether key row `left_rows[i]` of `left` equals row `right_rows[i]` of `right` (nulls
-    equal nulls, as keys are compared)."""
+    equal nulls, as keys are compared). Chunked columns are not combined: only the rows
+    compared are taken."""
     same = np.ones(len(left_rows), np.bool_)
     for a, b in zip(left, right, strict=True):
-        x, y = _array(a).take(pa.array(left_rows)), _array(b).take(pa.array(right_rows))
+        x, y = _array(a.take(pa.array(left_rows))), _array(b.take(pa.array(right_rows)))
         equal = pc.fill_null(pc.equal(x, y), False)
         both_null = pc.and_(pc.is_null(x), pc.is_null(y))
         same &= np.asarray(pc.or_(equal, both_null).to_numpy(zero_copy_only=False), np.bool_)

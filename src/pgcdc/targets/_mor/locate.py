@@ -137,6 +137,7 @@ class RowLocator:
         found_file: list[_I64] = []
         found_row: list[Rows] = []
         paths: list[str] = []
+        hashed: list[tuple[int, _Index]] = []  # files whose matches are by hash: checked last
         for path, key_rows in self._candidates(batch):
             index = self._index(path)
             if codes is None:  # every key column is a partition column
@@ -146,8 +147,7 @@ class RowLocator:
             else:
                 if index.keys is None and not codes.exact:  # a file without null keys
                     key_rows = key_rows[_no_null_key(data, key_rows)]
-                check = index.keys is not None
-                key_hit, rows = self._search(index, codes.codes, key_rows, data, check)
+                key_hit, rows = self._search(index, codes.codes, key_rows)
             deleted = self.table.deleted_rows(path)
             if deleted.size and rows.size:
                 live = ~contains(deleted, rows)
@@ -156,6 +156,8 @@ class RowLocator:
                 found_key.append(key_hit)
                 found_file.append(np.full(rows.size, len(paths), np.int64))
                 found_row.append(rows)
+                if codes is not None and index.keys is not None:
+                    hashed.append((len(paths), index))
                 paths.append(path)
         if not paths:
             empty = Matches((), np.empty(0, np.int64), np.empty(0, np.int64), sorted_rows([]))
@@ -166,18 +168,15 @@ class RowLocator:
             np.concatenate(found_file),
             np.concatenate(found_row).astype(np.uint64),
         )
+        if hashed:
+            matches = _same_keys_only(matches, data, hashed)
         if columns == ():
             return matches
         return _with_values(matches, self._values(matches, columns))
 
-    def _search(
-        self,
-        index: _Index,
-        codes: npt.NDArray[Any],
-        key_rows: _I64,
-        data: list[pa.ChunkedArray],
-        check: bool,
-    ) -> tuple[_I64, Rows]:
+    def _search(self, index: _Index, codes: npt.NDArray[Any], key_rows: _I64) -> tuple[_I64, Rows]:
+        """The entries of `index` with the numbers of the batch's `key_rows`: (key row, row
+        of the file) pairs, unchecked."""
         wanted = codes[key_rows]
         start = np.searchsorted(index.codes, wanted, side="left")
         if index.unique:
@@ -187,10 +186,6 @@ class RowLocator:
         else:
             end = np.searchsorted(index.codes, wanted, side="right")
             key_hit, rows = self._runs(index, key_rows, start, end)
-        if check and rows.size:
-            assert index.keys is not None
-            same = same_keys(data, key_hit, index.keys, rows.astype(np.int64))
-            key_hit, rows = key_hit[same], rows[same]
         return key_hit, rows
 
     @staticmethod
@@ -365,6 +360,33 @@ class RowLocator:
         placed[np.concatenate(order)] = np.arange(len(matches))
         schema = pa.schema([self.schema.field(n) for n in names])
         return table.take(pa.array(placed)).cast(schema)
+
+
+def _same_keys_only(
+    matches: Matches, data: list[pa.ChunkedArray], checked: list[tuple[int, _Index]]
+) -> Matches:
+    """`matches` without those in files indexed by hash (`checked`: their places in
+    `matches.paths`, their indexes) whose key is not the batch's, the values compared for
+    all those files at once (their key columns chunks of one column), not file by file."""
+    first = np.full(len(matches.paths), -1, np.int64)  # a file's first row in the chunks
+    chunks: list[list[pa.Array]] = [[] for _ in data]
+    offset = 0
+    for at, index in checked:
+        assert index.keys is not None
+        first[at] = offset
+        offset += len(index.keys[0])
+        for j, column in enumerate(data):
+            key = index.keys[j]
+            chunks[j].append(key if key.type == column.type else key.cast(column.type))
+    sub = np.flatnonzero(first[matches.file] >= 0)
+    right = [pa.chunked_array(c, column.type) for c, column in zip(chunks, data, strict=True)]
+    rows = matches.row[sub].astype(np.int64) + first[matches.file[sub]]
+    same = same_keys(data, matches.key_row[sub], right, rows)
+    if same.all():
+        return matches
+    keep = np.ones(len(matches), np.bool_)
+    keep[sub[~same]] = False
+    return Matches(matches.paths, matches.key_row[keep], matches.file[keep], matches.row[keep])
 
 
 def _unique(ordered: npt.NDArray[Any]) -> bool:

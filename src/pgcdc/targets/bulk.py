@@ -34,7 +34,7 @@ __all__ = ["BulkHistory", "BulkMirror", "bulk_history", "bulk_mirror"]
 _ROW_OPS = pa.array(["insert", "update", "delete"])  # (in the order of the OP_ codes)
 _INDEX = "__pgcdc_index"
 _AT = "__pgcdc_at"
-#: int2, int4, int8: a key whose text is its number (`_first_and_last`).
+#: int2, int4, int8: a key whose text is its number (`_numbers`).
 _INTEGER_OIDS = frozenset({21, 23, 20})
 
 
@@ -274,7 +274,8 @@ def bulk_mirror(rows: pa.Table | ChangeBatch) -> BulkMirror | None:
         return BulkMirror(shape, values, len(order), {}, 0, lsns, True, {}, lsns[0].as_py())
     ranks = np.empty(len(order), np.int64)
     ranks[order] = np.arange(len(order))  # each row's place in sequence order
-    firsts, winners = _first_and_last(r, ranks, order)
+    numbers = _numbers(r)
+    firsts, winners = _first_and_last(r, ranks, order, numbers)
     inserts_only = bool(np.all(r.ops[firsts] == OP_INSERT))
     deleted = r.ops[winners] == OP_DELETE
     kept, gone = winners[~deleted], winners[deleted]
@@ -285,7 +286,7 @@ def bulk_mirror(rows: pa.Table | ChangeBatch) -> BulkMirror | None:
         lacking = unchanged[kept]
         if lacking.any():
             upserts[name], missing_here = _latest_known(
-                r, order, ranks, kept, upserts[name], lacking, name
+                r, order, ranks, numbers, kept, upserts[name], lacking, name
             )
             if missing_here.any():
                 missing[name] = missing_here
@@ -296,22 +297,39 @@ def bulk_mirror(rows: pa.Table | ChangeBatch) -> BulkMirror | None:
     )
 
 
-def _first_and_last(
-    r: _Rows, ranks: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per key of the batch: the row of its first change and the row of its last, in
-    sequence order (`ranks`: each row's place in it; `order`: the rows in it). A key of one
-    integer column is sorted as numbers (in key order: the rows are written so), cheaper
-    than a hash aggregation for the small batches of a steady load; any other by Acero."""
+def _numbers(r: _Rows) -> np.ndarray | None:
+    """The batch's keys as numbers when the key is one integer column (its text is the
+    number), else None. Grouped by sorting numbers, a small batch of a steady load costs
+    less than by a hash aggregation (and its rows are written in key order)."""
     keys = r.shape.key_names
+    if len(keys) != 1:
+        return None
     column = r.keys[keys[0]]
     oid = next(c.type_oid for c in r.shape.columns if c.name == keys[0])
-    if len(keys) == 1 and oid in _INTEGER_OIDS and not column.null_count:
-        codes = np.asarray(pc.cast(column, pa.int64()))
-        by_key = np.lexsort((ranks, codes))
-        ordered = codes[by_key]
-        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        return by_key[starts], by_key[np.append(starts[1:], len(by_key)) - 1]
+    if oid not in _INTEGER_OIDS or column.null_count:
+        return None
+    return np.asarray(pc.cast(column, pa.int64()))
+
+
+def _last_per_number(numbers: np.ndarray, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct `numbers` (sorted) and the position of each one's highest rank."""
+    by_number = np.lexsort((ranks, numbers))
+    ordered = numbers[by_number]
+    last = np.flatnonzero(np.append(ordered[1:] != ordered[:-1], bool(len(ordered))))
+    return ordered[last], by_number[last]
+
+
+def _first_and_last(
+    r: _Rows, ranks: np.ndarray, order: np.ndarray, numbers: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per key of the batch: the row of its first change and the row of its last, in
+    sequence order (`ranks`: each row's place in it; `order`: the rows in it); by `numbers`
+    when the key has them (`_numbers`), else by an Acero aggregation."""
+    if numbers is not None:
+        _, last = _last_per_number(numbers, ranks)
+        _, first = _last_per_number(numbers, -ranks)
+        return first, last
+    keys = r.shape.key_names
     table = pa.table({**{f"k{i}": r.keys[n] for i, n in enumerate(keys)}, _INDEX: ranks})
     grouped = table.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
     ranks_of = grouped.aggregate([(_INDEX, "max"), (_INDEX, "min")])
@@ -323,6 +341,7 @@ def _latest_known(
     r: _Rows,
     order: np.ndarray,
     ranks: np.ndarray,
+    numbers: np.ndarray | None,
     kept: np.ndarray,
     current: pa.Array,
     lacking: np.ndarray,
@@ -334,28 +353,20 @@ def _latest_known(
     one, unless a delete came after it (null then, as the general fold has it; from the
     server, an insert comes in between, which carries every value). And which upserts the
     batch holds no value for, nor deleted: the target's current row has it."""
-    keys = r.shape.key_names
-    names = [f"k{i}" for i in range(len(keys))]
     deletes = r.ops == OP_DELETE
-    carried = pa.array(np.flatnonzero(~r.unchanged[name]))  # a delete: none known after it
-    carriers = pa.table(
-        {
-            **{n: r.keys[k].take(carried) for n, k in zip(names, keys, strict=True)},
-            _INDEX: pa.array(ranks).take(carried),
-        }
-    )
-    latest = carriers.group_by(names, use_threads=False).aggregate([(_INDEX, "max")])
+    carried = np.flatnonzero(~r.unchanged[name])  # a delete: none known after it
     wanted = np.flatnonzero(lacking)
-    asked = pa.table(
-        {
-            **{n: r.keys[k].take(kept[wanted]) for n, k in zip(names, keys, strict=True)},
-            _AT: pa.array(np.arange(len(wanted))),
-        }
-    )
-    found = asked.join(latest, names, join_type="left outer", use_threads=False).sort_by(_AT)
-    latest_rank = found.column(f"{_INDEX}_max")
-    none = latest_rank.is_null().to_numpy(zero_copy_only=False)  # the target's value
-    rows_at = order[latest_rank.fill_null(0).to_numpy(zero_copy_only=False)]
+    if numbers is None:
+        none, latest_rank = _latest_carriers(r, ranks, carried, kept[wanted])
+    elif len(carried):
+        known, last = _last_per_number(numbers[carried], ranks[carried])
+        asked = numbers[kept[wanted]]
+        at = np.minimum(np.searchsorted(known, asked), len(known) - 1)
+        none = known[at] != asked
+        latest_rank = np.where(none, 0, ranks[carried[last[at]]])
+    else:
+        none, latest_rank = np.ones(len(wanted), np.bool_), np.zeros(len(wanted), np.int64)
+    rows_at = order[latest_rank]
     filled = r.values((name,), rows_at, none | deletes[rows_at])[name]
     chosen = np.arange(len(current))
     chosen[wanted] = len(current) + np.arange(len(wanted))
@@ -363,6 +374,33 @@ def _latest_known(
     missing = np.zeros(len(current), dtype=bool)
     missing[wanted] = none
     return column, missing
+
+
+def _latest_carriers(
+    r: _Rows, ranks: np.ndarray, carried: np.ndarray, asked: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For the keys of rows `asked`: whether none of the rows `carried` has it, and the
+    highest rank of those that do (0 where none), by an Acero aggregation and join."""
+    keys = r.shape.key_names
+    names = [f"k{i}" for i in range(len(keys))]
+    rows = pa.array(carried)
+    carriers = pa.table(
+        {
+            **{n: r.keys[k].take(rows) for n, k in zip(names, keys, strict=True)},
+            _INDEX: pa.array(ranks).take(rows),
+        }
+    )
+    latest = carriers.group_by(names, use_threads=False).aggregate([(_INDEX, "max")])
+    wanted = pa.table(
+        {
+            **{n: r.keys[k].take(pa.array(asked)) for n, k in zip(names, keys, strict=True)},
+            _AT: pa.array(np.arange(len(asked))),
+        }
+    )
+    found = wanted.join(latest, names, join_type="left outer", use_threads=False).sort_by(_AT)
+    latest_rank = found.column(f"{_INDEX}_max")
+    none = latest_rank.is_null().to_numpy(zero_copy_only=False)  # the target's value
+    return none, latest_rank.fill_null(0).to_numpy(zero_copy_only=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from pgcdc.targets.bulk import BulkHistory, BulkMirror, bulk_history, bulk_mirro
 
 from .envelopes import (
     INT4,
+    INT8,
     NUMERIC,
     TEXT,
     UNCHANGED,
@@ -40,6 +41,18 @@ REL = relation(("id", INT4, True), ("name", TEXT), ("amount", NUMERIC, False, nu
 TEXT_KEYED = relation(
     ("id", TEXT, True), ("name", TEXT), ("amount", NUMERIC, False, numeric(12, 2))
 )
+#: And with a bigint key of values a double cannot tell apart (sorted as int64 numbers).
+BIG_KEYED = relation(("id", INT8, True), ("name", TEXT), ("amount", NUMERIC, False, numeric(12, 2)))
+
+
+def _key(rel: Any, number: int) -> Any:
+    if rel is TEXT_KEYED:
+        return f"k{number}"
+    if rel is BIG_KEYED:  # +-(2**62 + n): neighbours, negative ones too
+        return (-1) ** number * (2**62 + number)
+    return number
+
+
 #: Every test both ways a batch is written (deletion vectors, copy-on-write MERGE).
 pytestmark = pytest.mark.usefixtures("write_path")
 
@@ -92,7 +105,7 @@ def _txns(spec: list[list[tuple[Any, ...]]], start: int, rel: Any = REL) -> list
     for i, entries in enumerate(spec):
         made = []
         for op, number, *rest in entries:
-            key = number if rel is REL else f"k{number}"
+            key = _key(rel, number)
             if op == "delete":
                 made.append(delete(rel, id=key))
             else:
@@ -108,7 +121,7 @@ def _txns(spec: list[list[tuple[Any, ...]]], start: int, rel: Any = REL) -> list
 @given(
     spec=batches,
     mode=st.sampled_from(["mirror", "history"]),
-    rel=st.sampled_from([REL, TEXT_KEYED]),
+    rel=st.sampled_from([REL, TEXT_KEYED, BIG_KEYED]),
 )
 def test_bulk_fold_equals_the_general_fold(
     tmp_path_factory: pytest.TempPathFactory,
@@ -119,8 +132,9 @@ def test_bulk_fold_equals_the_general_fold(
 ) -> None:
     """Random batches of inserts, updates (some with an unchanged TOAST value) and deletes
     (of keys present or not, several times a key) through the Arrow fold and through the
-    general one: the same tables, the same watermarks; with an integer key and a text one
-    (which the mirror's fold groups differently)."""
+    general one: the same tables, the same watermarks; with integer keys (an int4, and an
+    int8 beyond a double's precision) and a text one (which the mirror's fold groups
+    differently)."""
     base = tmp_path_factory.mktemp("bulk")
     fast = DeltaTarget(str(base / "fast"), mode, app_id=APP)  # type: ignore[arg-type]
     slow = DeltaTarget(str(base / "slow"), mode, app_id=APP)  # type: ignore[arg-type]

@@ -643,6 +643,49 @@ def test_keys_whose_numbers_collide_are_told_apart_by_their_values(
     assert rows == {f"k{i}": -1 if i in (7, 60, 199, 120) else i for i in range(200)}
 
 
+def test_composite_keys_whose_numbers_collide_in_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with a key of three columns, one of them the partition column: keys that
+    differ in one column only (the text, the number or the partition) share numbers, and a
+    file's matches are checked against its own values, whatever its partition."""
+    from pgcdc.targets._mor import keys as keys_module
+    from pgcdc.targets._mor import locate as locate_module
+
+    def colliding(columns: Any) -> keys_module.KeyCodes:
+        return keys_module.KeyCodes(keys_module.key_codes(columns).codes % np.uint64(2), False)
+
+    monkeypatch.setattr(locate_module, "key_codes", colliding)
+    path = str(tmp_path / "t")
+    rows = [(f"r{i % 5}", i // 5, i % 2, i) for i in range(120)]
+    for part in range(3):  # three appends, each with files in both partitions
+        chunk = rows[part * 40 : part * 40 + 40]
+        data = {
+            "r": [c[0] for c in chunk],
+            "n": pa.array([c[1] for c in chunk], pa.int32()),
+            "b": pa.array([c[2] for c in chunk], pa.int64()),
+            "v": pa.array([c[3] for c in chunk], pa.int64()),
+        }
+        write_deltalake(path, pa.table(data), mode="append", partition_by=["b"], configuration=_DV)
+    mor = MergeOnReadTable(DeltaTable(path))
+    assert len(mor.state.adds) == 6
+    locator = RowLocator(mor, ["r", "n", "b"])
+    wanted = [rows[7], rows[64], rows[119]]
+    near = [("r2", 1, 0), ("r2", 2, 1), ("r9", 1, 1)]  # (rows[7] is ("r2", 1, 1))
+    asked = pa.table(
+        {
+            "r": [w[0] for w in wanted + near],
+            "n": pa.array([w[1] for w in wanted + near], pa.int32()),
+            "b": pa.array([w[2] for w in wanted + near], pa.int64()),
+        }
+    )
+    matches = locator.locate(asked, columns=["v"])
+    assert matches.found(6).tolist() == [True] * 3 + [False] * 3
+    assert matches.values is not None
+    found = dict(zip(matches.key_row.tolist(), matches.values.column("v").to_pylist(), strict=True))
+    assert found == {0: 7, 1: 64, 2: 119}
+
+
 def test_history_closes_current_versions_only(tmp_path: Path) -> None:
     utc = dt.UTC
     start = dt.datetime(2026, 1, 1, tzinfo=utc)
